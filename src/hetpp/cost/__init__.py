@@ -1,0 +1,1 @@
+"""Cost model (pure numpy, no torch): compute, memory, communication, pipeline and step time."""

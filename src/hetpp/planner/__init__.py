@@ -1,0 +1,1 @@
+"""Planner: hierarchical HPP search and the baselines (pure, no torch)."""

@@ -1,0 +1,1 @@
+"""Layer profiles: measured tables, interpolation in micro-batch size, and the estimator."""

@@ -1,0 +1,113 @@
+"""Profile tables: per (GPU type, layer kind, micro-batch size) forward/backward seconds and bytes.
+
+File format (CSV, one row per measurement; `hetpp profile` writes it, `--profile` reads it):
+
+    gpu,model,seq_len,layer,mbs,fwd_s,bwd_s,act_bytes
+    A100-80GB,gpt3-1.3b,2048,block,4,0.0123,0.0261,1073741824
+
+`layer` is `embedding`, `block` or `head`; `bwd_s` is the backward alone; `act_bytes` is the memory
+one forward keeps for backward. Rows of one file may hold several GPU types.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from hetpp.specs.errors import SpecError
+from hetpp.specs.io import write_atomic
+
+COLUMNS = ("gpu", "model", "seq_len", "layer", "mbs", "fwd_s", "bwd_s", "act_bytes")
+LAYER_KINDS = ("embedding", "block", "head")
+
+
+class ProfileRow(NamedTuple):
+    gpu: str
+    """GPU type name as in the cluster file."""
+    model: str
+    """Model name the layers were measured for."""
+    seq_len: int
+    layer: str
+    """Layer kind: embedding, block or head."""
+    mbs: int
+    """Micro-batch size (samples)."""
+    fwd_s: float
+    bwd_s: float
+    act_bytes: int
+
+
+class ProfileTable:
+    """A set of measured rows with lookup and interpolation in micro-batch size."""
+
+    def __init__(self, rows: Iterable[ProfileRow]):
+        self.rows = tuple(rows)
+
+    def gpus(self) -> set[str]:
+        return {r.gpu.lower() for r in self.rows}
+
+    def for_gpu(self, gpu: str) -> ProfileTable:
+        return ProfileTable(r for r in self.rows if r.gpu.lower() == gpu.lower())
+
+    def scaled(self, gpu: str, factor: float) -> ProfileTable:
+        """Rows re-labelled as `gpu` with times multiplied by `factor` (CPU emulation of a GPU)."""
+        return ProfileTable(
+            r._replace(gpu=gpu, fwd_s=r.fwd_s * factor, bwd_s=r.bwd_s * factor) for r in self.rows
+        )
+
+    def lookup(self, gpu: str, layer: str, mbs: float) -> tuple[float, float, float]:
+        """(fwd_s, bwd_s, act_bytes) of one `layer` kind at micro-batch size `mbs`.
+
+        Piecewise-linear in mbs between measured sizes; beyond the largest, per-sample cost of the
+        largest; below the smallest, the smallest's time (launch-bound) and proportional bytes."""
+        pts = sorted((r.mbs, r.fwd_s, r.bwd_s, r.act_bytes) for r in self.rows
+                     if r.gpu.lower() == gpu.lower() and r.layer == layer)  # fmt: skip
+        if not pts:
+            raise KeyError((gpu, layer))
+        x = np.array([p[0] for p in pts], dtype=float)
+        ys = np.array([p[1:] for p in pts], dtype=float)
+        if mbs >= x[-1]:
+            return tuple(float(v) for v in ys[-1] * (mbs / x[-1]))  # type: ignore[return-value]
+        if mbs <= x[0]:
+            f, b, a = ys[0]
+            return float(f), float(b), float(a * mbs / x[0])
+        return tuple(float(np.interp(mbs, x, ys[:, k])) for k in range(3))  # type: ignore[return-value]
+
+    def save(self, path: str | Path) -> None:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(COLUMNS)
+        w.writerows(self.rows)
+        write_atomic(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileTable:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError("file not found", file=str(p))
+        with p.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = set(COLUMNS) - set(reader.fieldnames or ())
+            if missing:
+                raise SpecError(f"missing columns {sorted(missing)}; expected {','.join(COLUMNS)}",
+                                file=str(p), field="header")  # fmt: skip
+            return cls(_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader))
+
+
+def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
+    try:
+        row = ProfileRow(r["gpu"], r["model"], int(r["seq_len"]), r["layer"], int(r["mbs"]),
+                         float(r["fwd_s"]), float(r["bwd_s"]), int(float(r["act_bytes"])))  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"bad value ({e})", file=file, field=f"line {line}") from None
+    if row.layer not in LAYER_KINDS:
+        raise SpecError(f"layer {row.layer!r}: expected one of {', '.join(LAYER_KINDS)}",
+                        file=file, field=f"line {line}")  # fmt: skip
+    if row.mbs <= 0 or row.fwd_s < 0 or row.bwd_s < 0 or row.act_bytes < 0:
+        raise SpecError("mbs must be positive and times and bytes non-negative",
+                        file=file, field=f"line {line}")  # fmt: skip
+    return row

@@ -1,0 +1,1 @@
+"""Reports: rich tables and matplotlib charts."""

@@ -1,0 +1,1 @@
+"""Runtime: executes a Plan with torch.distributed and torch.distributed.pipelining."""

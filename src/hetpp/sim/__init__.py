@@ -1,0 +1,1 @@
+"""Discrete-event simulator for plans (pure, no torch)."""

@@ -1,0 +1,218 @@
+"""The Plan: the contract between planner, simulator and runtime (JSON, versioned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+from hetpp.specs.cluster import Cluster
+from hetpp.specs.errors import SpecError
+from hetpp.specs.io import load_model_file, write_atomic
+from hetpp.specs.model import ModelConfig
+from hetpp.specs.train import Precision, Schedule, TrainSpec
+
+PLAN_VERSION = 1
+
+
+class StagePlan(BaseModel):
+    """One pipeline stage: the devices that run it and the layers it owns."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=1)
+    """Device ids (one today; a tensor-parallel group later)."""
+    layers: tuple[NonNegativeInt, NonNegativeInt]
+    """Layer range [start, end) over the model's layer list."""
+
+    @property
+    def device(self) -> int:
+        return self.devices[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+class PipelinePlan(BaseModel):
+    """One data-parallel pipeline with its own shape and batch share."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stages: tuple[StagePlan, ...] = Field(min_length=1)
+    micro_batch_size: PositiveInt
+    """Samples per micro-batch."""
+    num_micro_batches: PositiveInt
+    """Micro-batches per step; the pipeline's share is their product."""
+
+    @property
+    def batch(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches
+
+    @property
+    def devices(self) -> list[int]:
+        return [s.device for s in self.stages]
+
+    def stage_of_layer(self, layer: int) -> int:
+        return next(i for i, s in enumerate(self.stages) if s.layers[0] <= layer < s.layers[1])
+
+
+class GradBlock(BaseModel):
+    """Layers [start, end) owned by exactly one device per pipeline; all-reduced over the owners."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: tuple[NonNegativeInt, NonNegativeInt]
+    owners: tuple[NonNegativeInt, ...]
+    """Owning device per pipeline, in pipeline order."""
+
+
+class Estimate(BaseModel):
+    """The cost model's prediction for a plan (derived; loaders may ignore it)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    pipeline_time_s: tuple[float, ...]
+    search_time_s: float = 0.0
+
+
+class Plan(BaseModel):
+    """What to run where: pipelines, their stages and batch shares, and the gradient blocks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int = PLAN_VERSION
+    global_batch: PositiveInt
+    seq_len: PositiveInt
+    schedule: Schedule = "1f1b"
+    pipelines: tuple[PipelinePlan, ...] = Field(min_length=1)
+    grad_blocks: tuple[GradBlock, ...] | None = None
+    """Derived from the stages; recomputed when missing."""
+    estimate: Estimate | None = None
+    model: ModelConfig
+    """The model the plan is for (the runtime builds it from this)."""
+    cluster: Cluster | None = None
+    """The cluster the plan was made for; needed for estimates and simulation."""
+    strategy: str = "manual"
+    """Which planner strategy produced this plan."""
+    precision: Precision = "bf16"
+    recompute: bool = False
+    optimizer_bytes_per_param: float = 12.0
+    grad_bytes_per_param: int = 2
+    reserve_gb: float = 2.0
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers + 2
+
+    @property
+    def num_devices(self) -> int:
+        return sum(len(p.stages) for p in self.pipelines)
+
+    def train_spec(self) -> TrainSpec:
+        return TrainSpec(
+            global_batch=self.global_batch,
+            seq_len=self.seq_len,
+            precision=self.precision,
+            recompute=self.recompute,
+            schedule=self.schedule,
+            optimizer_bytes_per_param=self.optimizer_bytes_per_param,
+            grad_bytes_per_param=self.grad_bytes_per_param,
+            reserve_gb=self.reserve_gb,
+        )
+
+    def validate_plan(self, cluster: Cluster | None = None) -> Plan:
+        """Check the plan's structure (raises SpecError naming the field); returns self."""
+        cluster = cluster or self.cluster
+        if self.version != PLAN_VERSION:
+            raise SpecError(f"plan format version {self.version}; this hetpp reads {PLAN_VERSION}",
+                            field="version")  # fmt: skip
+        if self.seq_len > self.model.max_seq_len:
+            raise SpecError(f"{self.seq_len} exceeds the model's max_seq_len "
+                            f"{self.model.max_seq_len}", field="seq_len")  # fmt: skip
+        seen: dict[int, str] = {}
+        for p, pipe in enumerate(self.pipelines):
+            _check_pipeline(self, p, pipe, cluster, seen)
+        total = sum(p.batch for p in self.pipelines)
+        if total != self.global_batch:
+            raise SpecError(
+                f"sum of micro_batch_size * num_micro_batches over pipelines is {total}, "
+                f"expected global_batch = {self.global_batch}",
+                field="pipelines",
+            )
+        if self.grad_blocks is not None and tuple(self.grad_blocks) != derive_grad_blocks(self):
+            raise SpecError("does not match the stages; delete it to recompute", field="grad_blocks")
+        return self
+
+    def blocks(self) -> tuple[GradBlock, ...]:
+        """The gradient blocks (given or derived)."""
+        return self.grad_blocks if self.grad_blocks is not None else derive_grad_blocks(self)
+
+    def with_derived(self, **updates: Any) -> Plan:
+        """A copy with `grad_blocks` filled in (and any other field updates)."""
+        return self.model_copy(update={"grad_blocks": derive_grad_blocks(self), **updates})
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1, exclude_none=True)
+
+    def save(self, path: str | Path) -> None:
+        write_atomic(path, self.to_json() + "\n")
+
+
+def _check_pipeline(plan: Plan, p: int, pipe: PipelinePlan, cluster: Cluster | None,
+                    seen: dict[int, str]) -> None:  # fmt: skip
+    where = f"pipelines[{p}]"
+    expect = 0
+    for s, st in enumerate(pipe.stages):
+        start, end = st.layers
+        if start != expect or end <= start:
+            raise SpecError(
+                f"layers [{start}, {end}): expected a non-empty range starting at {expect} "
+                "(stages must cover the layers contiguously)",
+                field=f"{where}.stages[{s}].layers",
+            )
+        expect = end
+        for d in st.devices:
+            if cluster is not None and d >= cluster.num_devices:
+                raise SpecError(
+                    f"device {d} does not exist; the cluster {cluster.name!r} has devices "
+                    f"0..{cluster.num_devices - 1}",
+                    field=f"{where}.stages[{s}].devices",
+                )
+            if d in seen:
+                raise SpecError(f"device {d} is already used by {seen[d]}",
+                                field=f"{where}.stages[{s}].devices")  # fmt: skip
+            seen[d] = f"{where}.stages[{s}]"
+    if expect != plan.num_layers:
+        raise SpecError(
+            f"stages end at layer {expect}, expected {plan.num_layers} "
+            f"(the model's {plan.model.num_layers} blocks + embedding + head)",
+            field=f"{where}.stages",
+        )
+    if plan.schedule == "1f1b" and pipe.num_micro_batches < len(pipe.stages):
+        raise SpecError(
+            f"1F1B needs num_micro_batches >= stages ({pipe.num_micro_batches} < {len(pipe.stages)})",
+            field=f"{where}.num_micro_batches",
+        )
+
+
+def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
+    """Cut the layer list at the union of all stage boundaries; one owner per pipeline."""
+    cuts = sorted({0, plan.num_layers} | {s.layers[0] for p in plan.pipelines for s in p.stages})
+    blocks = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        owners = tuple(p.stages[p.stage_of_layer(a)].device for p in plan.pipelines)
+        blocks.append(GradBlock(layers=(a, b), owners=owners))
+    return tuple(blocks)
+
+
+def load_plan(path: str | Path, cluster: Cluster | None = None) -> Plan:
+    """Read and validate a plan file (against `cluster` when given)."""
+    plan = load_model_file(Plan, path)
+    try:
+        return plan.validate_plan(cluster)
+    except SpecError as e:
+        raise e.in_file(str(path)) from None

@@ -1,0 +1,154 @@
+"""Named model presets and import from a Hugging Face `config.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hetpp.specs.errors import SpecError
+from hetpp.specs.io import read_mapping, validate_model
+from hetpp.specs.model import ModelConfig, ModelSpec
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
+    # GPT-3 paper, Table 2.1: vocab 50257, context 2048, FFN 4h, tied embeddings, learned positions.
+    # 13B uses hidden 5120 (the paper's 5140 is not divisible by its 40 heads; Megatron uses 5120).
+    return ModelConfig(
+        name=name,
+        family="gpt",
+        vocab_size=50257,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        ffn_hidden_size=4 * hidden,
+        max_seq_len=2048,
+        tie_embeddings=True,
+    )
+
+
+def _llama(name: str, vocab: int, layers: int, hidden: int, heads: int, kv: int, ffn: int,
+           seq: int, theta: float) -> ModelConfig:  # fmt: skip
+    return ModelConfig(
+        name=name,
+        family="llama",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
+        max_seq_len=seq,
+        position="rope",
+        qkv_bias=False,
+        dense_bias=False,
+        rope_theta=theta,
+        norm_eps=1e-5,
+    )
+
+
+PRESETS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        _gpt3("gpt3-350m", 24, 1024, 16),
+        _gpt3("gpt3-1.3b", 24, 2048, 16),
+        _gpt3("gpt3-2.7b", 32, 2560, 32),
+        _gpt3("gpt3-6.7b", 32, 4096, 32),
+        _gpt3("gpt3-13b", 40, 5120, 40),
+        _llama("llama2-7b", 32000, 32, 4096, 32, 32, 11008, 4096, 1e4),
+        _llama("llama2-13b", 32000, 40, 5120, 40, 40, 13824, 4096, 1e4),
+        _llama("llama3-8b", 128256, 32, 4096, 32, 8, 14336, 8192, 5e5),
+        # Small sizes for tests, demos and CPU runs (byte-level vocabulary).
+        ModelConfig(name="tiny-gpt", family="gpt", vocab_size=256, hidden_size=64, num_layers=4,
+                    num_heads=4, ffn_hidden_size=256, max_seq_len=128, tie_embeddings=True),
+        _llama("tiny-llama", 256, 4, 64, 4, 2, 176, 128, 1e4),
+        ModelConfig(name="gpt-demo", family="gpt", vocab_size=256, hidden_size=256, num_layers=8,
+                    num_heads=8, ffn_hidden_size=1024, max_seq_len=256),
+    )
+}  # fmt: skip
+
+
+def _from_hf(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """Map a Hugging Face config dict to ModelConfig fields."""
+    mt = cfg.get("model_type")
+    if mt in ("llama", "mistral", "qwen2"):
+        return dict(
+            name=name,
+            family="llama",
+            vocab_size=cfg.get("vocab_size"),
+            hidden_size=cfg.get("hidden_size"),
+            num_layers=cfg.get("num_hidden_layers"),
+            num_heads=cfg.get("num_attention_heads"),
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg.get("num_attention_heads"),
+            ffn_hidden_size=cfg.get("intermediate_size"),
+            max_seq_len=cfg.get("max_position_embeddings", 4096),
+            position="rope",
+            qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),
+            dense_bias=False,
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope_theta=float(cfg.get("rope_theta", 1e4)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        )
+    if mt == "gpt2":
+        h = cfg.get("n_embd")
+        return dict(
+            name=name,
+            family="gpt",
+            vocab_size=cfg.get("vocab_size"),
+            hidden_size=h,
+            num_layers=cfg.get("n_layer"),
+            num_heads=cfg.get("n_head"),
+            ffn_hidden_size=cfg.get("n_inner") or (4 * h if isinstance(h, int) else None),
+            max_seq_len=cfg.get("n_positions", 1024),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        )
+    if mt == "gpt_neox":
+        # Cost-equivalent GPT block with rotary positions (parallel residual is not modelled).
+        return dict(
+            name=name,
+            family="gpt",
+            vocab_size=cfg.get("vocab_size"),
+            hidden_size=cfg.get("hidden_size"),
+            num_layers=cfg.get("num_hidden_layers"),
+            num_heads=cfg.get("num_attention_heads"),
+            ffn_hidden_size=cfg.get("intermediate_size"),
+            max_seq_len=cfg.get("max_position_embeddings", 2048),
+            position="rope",
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope_theta=float(cfg.get("rotary_emb_base", 1e4)),
+            norm_eps=float(cfg.get("layer_norm_eps", 1e-5)),
+        )
+    raise SpecError(
+        f"unsupported model_type {mt!r}; expected one of llama, mistral, qwen2, gpt2, gpt_neox",
+        field="model_type",
+    )
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """A preset by name, a Hugging Face `config.json`, or a hetpp ModelConfig YAML/JSON file."""
+    key = str(name_or_path)
+    if key.lower() in PRESETS:
+        return PRESETS[key.lower()]
+    p = Path(key)
+    if not p.exists():
+        raise SpecError(
+            f"not a preset and no such file; presets: {', '.join(PRESETS)}", field="model", file=key
+        )
+    data = read_mapping(p)
+    if "model_type" in data:
+        try:
+            fields = _from_hf(data, data.get("_name_or_path") or p.parent.name or p.stem)
+        except SpecError as e:
+            raise e.in_file(key) from None
+        return validate_model(ModelConfig, fields, key)
+    return validate_model(ModelConfig, data, key)
+
+
+def load_model(name_or_path: str | Path, seq_len: int, dtype_bytes: int = 2) -> ModelSpec:
+    """ModelSpec for a preset or config file at a sequence length."""
+    cfg = load_model_config(name_or_path)
+    if seq_len > cfg.max_seq_len:
+        raise SpecError(
+            f"seq_len {seq_len} exceeds the model's max_seq_len {cfg.max_seq_len}", field="seq_len"
+        )
+    return ModelSpec(config=cfg, seq_len=seq_len, dtype_bytes=dtype_bytes)
