@@ -64,8 +64,11 @@ class ProfileTable:
 
         Piecewise-linear in mbs between measured sizes; beyond the largest, per-sample cost of the
         largest; below the smallest, the smallest's time (launch-bound) and proportional bytes."""
-        pts = sorted((r.mbs, r.fwd_s, r.bwd_s, r.act_bytes) for r in self.rows
-                     if r.gpu.lower() == gpu.lower() and r.layer == layer)  # fmt: skip
+        pts = sorted(
+            (r.mbs, r.fwd_s, r.bwd_s, r.act_bytes)
+            for r in self.rows
+            if r.gpu.lower() == gpu.lower() and r.layer == layer
+        )
         if not pts:
             raise KeyError((gpu, layer))
         x = np.array([p[0] for p in pts], dtype=float)
@@ -93,21 +96,36 @@ class ProfileTable:
             reader = csv.DictReader(f)
             missing = set(COLUMNS) - set(reader.fieldnames or ())
             if missing:
-                raise SpecError(f"missing columns {sorted(missing)}; expected {','.join(COLUMNS)}",
-                                file=str(p), field="header")  # fmt: skip
+                raise SpecError(
+                    f"missing columns {sorted(missing)}; expected {','.join(COLUMNS)}",
+                    file=str(p),
+                    field="header",
+                )
             return cls(_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader))
 
 
 def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
     try:
-        row = ProfileRow(r["gpu"], r["model"], int(r["seq_len"]), r["layer"], int(r["mbs"]),
-                         float(r["fwd_s"]), float(r["bwd_s"]), int(float(r["act_bytes"])))  # fmt: skip
+        row = ProfileRow(
+            r["gpu"],
+            r["model"],
+            int(r["seq_len"]),
+            r["layer"],
+            int(r["mbs"]),
+            float(r["fwd_s"]),
+            float(r["bwd_s"]),
+            int(float(r["act_bytes"])),
+        )
     except (TypeError, ValueError) as e:
         raise SpecError(f"bad value ({e})", file=file, field=f"line {line}") from None
     if row.layer not in LAYER_KINDS:
-        raise SpecError(f"layer {row.layer!r}: expected one of {', '.join(LAYER_KINDS)}",
-                        file=file, field=f"line {line}")  # fmt: skip
+        raise SpecError(
+            f"layer {row.layer!r}: expected one of {', '.join(LAYER_KINDS)}",
+            file=file,
+            field=f"line {line}",
+        )
     if row.mbs <= 0 or row.fwd_s < 0 or row.bwd_s < 0 or row.act_bytes < 0:
-        raise SpecError("mbs must be positive and times and bytes non-negative",
-                        file=file, field=f"line {line}")  # fmt: skip
+        raise SpecError(
+            "mbs must be positive and times and bytes non-negative", file=file, field=f"line {line}"
+        )
     return row

@@ -42,7 +42,7 @@ def _t(name: str, tflops: float, mem_gb: float, bw: float) -> GpuType:
 
 # Vendor datasheets, dense (non-sparse) bf16 tensor rate with fp32 accumulation. V100 and T4 have no
 # bf16: their fp16 tensor rate is listed, which is what mixed-precision training uses on them.
-# SXM parts where both exist. Consumer cards list the fp32-accumulate rate (half the fp16-accumulate).
+# SXM parts where both exist. Consumer cards: the fp32-accumulate rate (half the fp16-accumulate).
 CATALOG: dict[str, GpuType] = {
     t.name.lower(): t
     for t in (

@@ -103,10 +103,12 @@ class Cluster(BaseModel):
         return self.devices[device].gpu
 
     def link(self, a: int, b: int) -> Link:
-        """The link between two devices: the node's fabric if they share a node, else the network."""
+        """The link between two devices: the node's fabric if they share one, else the network."""
         da, db = self.devices[a], self.devices[b]
         if da.node == db.node:
-            return Link(self.nodes[da.group].intra_node_GBps * 1e9, self.intra_node_latency_us * 1e-6)
+            return Link(
+                self.nodes[da.group].intra_node_GBps * 1e9, self.intra_node_latency_us * 1e-6
+            )
         return Link(self.inter_node_GBps * 1e9, self.inter_node_latency_us * 1e-6)
 
     def group_link(self, devices: list[int] | tuple[int, ...]) -> Link:
@@ -125,7 +127,7 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def emulate_slowdown(cluster: Cluster, device: int) -> float:
-    """CPU emulation factor of a device: its type's `emulate_slowdown`, else fastest peak / its peak."""
+    """CPU emulation factor of a device: its type's `emulate_slowdown`, else fastest / its peak."""
     gpu = cluster.gpu(device)
     if gpu.emulate_slowdown is not None:
         return gpu.emulate_slowdown

@@ -27,7 +27,9 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise SpecError(f"cannot parse: {e}".splitlines()[0], file=str(p)) from None
     if not isinstance(data, dict):
-        raise SpecError(f"expected a mapping at the top level, got {type(data).__name__}", file=str(p))
+        raise SpecError(
+            f"expected a mapping at the top level, got {type(data).__name__}", file=str(p)
+        )
     return data
 
 

@@ -137,7 +137,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         # norm in/out x2, q/k/v, attention out; MLP in, activation in, activation out.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1) + 2 * f
     else:
-        # as GPT plus rotated q/k, fp32 RMSNorm upcasts (2 elements each), SwiGLU gate/up/act/product.
+        # as GPT plus rotated q/k, fp32 RMSNorm upcasts (2 elements each), SwiGLU gate/up/act/prod.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac + 2 * 2) + 4 * f
     n = block_params(c)
     return dict(
@@ -152,7 +152,9 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
 
 
 def _embedding(c: ModelConfig, s: int, d: int) -> dict:
-    n = c.vocab_size * c.hidden_size + (c.max_seq_len * c.hidden_size if c.position == "learned" else 0)
+    n = c.vocab_size * c.hidden_size + (
+        c.max_seq_len * c.hidden_size if c.position == "learned" else 0
+    )
     return dict(
         kind="embedding",
         params=n,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +129,15 @@ class Plan(BaseModel):
         """Check the plan's structure (raises SpecError naming the field); returns self."""
         cluster = cluster or self.cluster
         if self.version != PLAN_VERSION:
-            raise SpecError(f"plan format version {self.version}; this hetpp reads {PLAN_VERSION}",
-                            field="version")  # fmt: skip
+            raise SpecError(
+                f"plan format version {self.version}; this hetpp reads {PLAN_VERSION}",
+                field="version",
+            )
         if self.seq_len > self.model.max_seq_len:
-            raise SpecError(f"{self.seq_len} exceeds the model's max_seq_len "
-                            f"{self.model.max_seq_len}", field="seq_len")  # fmt: skip
+            raise SpecError(
+                f"{self.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}",
+                field="seq_len",
+            )
         seen: dict[int, str] = {}
         for p, pipe in enumerate(self.pipelines):
             _check_pipeline(self, p, pipe, cluster, seen)
@@ -144,7 +149,9 @@ class Plan(BaseModel):
                 field="pipelines",
             )
         if self.grad_blocks is not None and tuple(self.grad_blocks) != derive_grad_blocks(self):
-            raise SpecError("does not match the stages; delete it to recompute", field="grad_blocks")
+            raise SpecError(
+                "does not match the stages; delete it to recompute", field="grad_blocks"
+            )
         return self
 
     def blocks(self) -> tuple[GradBlock, ...]:
@@ -162,8 +169,9 @@ class Plan(BaseModel):
         write_atomic(path, self.to_json() + "\n")
 
 
-def _check_pipeline(plan: Plan, p: int, pipe: PipelinePlan, cluster: Cluster | None,
-                    seen: dict[int, str]) -> None:  # fmt: skip
+def _check_pipeline(
+    plan: Plan, p: int, pipe: PipelinePlan, cluster: Cluster | None, seen: dict[int, str]
+) -> None:
     where = f"pipelines[{p}]"
     expect = 0
     for s, st in enumerate(pipe.stages):
@@ -183,8 +191,9 @@ def _check_pipeline(plan: Plan, p: int, pipe: PipelinePlan, cluster: Cluster | N
                     field=f"{where}.stages[{s}].devices",
                 )
             if d in seen:
-                raise SpecError(f"device {d} is already used by {seen[d]}",
-                                field=f"{where}.stages[{s}].devices")  # fmt: skip
+                raise SpecError(
+                    f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
+                )
             seen[d] = f"{where}.stages[{s}]"
     if expect != plan.num_layers:
         raise SpecError(
@@ -194,7 +203,8 @@ def _check_pipeline(plan: Plan, p: int, pipe: PipelinePlan, cluster: Cluster | N
         )
     if plan.schedule == "1f1b" and pipe.num_micro_batches < len(pipe.stages):
         raise SpecError(
-            f"1F1B needs num_micro_batches >= stages ({pipe.num_micro_batches} < {len(pipe.stages)})",
+            f"1F1B needs num_micro_batches >= stages "
+            f"({pipe.num_micro_batches} < {len(pipe.stages)})",
             field=f"{where}.num_micro_batches",
         )
 
@@ -203,7 +213,7 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     """Cut the layer list at the union of all stage boundaries; one owner per pipeline."""
     cuts = sorted({0, plan.num_layers} | {s.layers[0] for p in plan.pipelines for s in p.stages})
     blocks = []
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         owners = tuple(p.stages[p.stage_of_layer(a)].device for p in plan.pipelines)
         blocks.append(GradBlock(layers=(a, b), owners=owners))
     return tuple(blocks)

@@ -26,8 +26,17 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelConfig:
     )
 
 
-def _llama(name: str, vocab: int, layers: int, hidden: int, heads: int, kv: int, ffn: int,
-           seq: int, theta: float) -> ModelConfig:  # fmt: skip
+def _llama(
+    name: str,
+    vocab: int,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    ffn: int,
+    seq: int,
+    theta: float,
+) -> ModelConfig:
     return ModelConfig(
         name=name,
         family="llama",
@@ -58,13 +67,30 @@ PRESETS: dict[str, ModelConfig] = {
         _llama("llama2-13b", 32000, 40, 5120, 40, 40, 13824, 4096, 1e4),
         _llama("llama3-8b", 128256, 32, 4096, 32, 8, 14336, 8192, 5e5),
         # Small sizes for tests, demos and CPU runs (byte-level vocabulary).
-        ModelConfig(name="tiny-gpt", family="gpt", vocab_size=256, hidden_size=64, num_layers=4,
-                    num_heads=4, ffn_hidden_size=256, max_seq_len=128, tie_embeddings=True),
+        ModelConfig(
+            name="tiny-gpt",
+            family="gpt",
+            vocab_size=256,
+            hidden_size=64,
+            num_layers=4,
+            num_heads=4,
+            ffn_hidden_size=256,
+            max_seq_len=128,
+            tie_embeddings=True,
+        ),
         _llama("tiny-llama", 256, 4, 64, 4, 2, 176, 128, 1e4),
-        ModelConfig(name="gpt-demo", family="gpt", vocab_size=256, hidden_size=256, num_layers=8,
-                    num_heads=8, ffn_hidden_size=1024, max_seq_len=256),
+        ModelConfig(
+            name="gpt-demo",
+            family="gpt",
+            vocab_size=256,
+            hidden_size=256,
+            num_layers=8,
+            num_heads=8,
+            ffn_hidden_size=1024,
+            max_seq_len=256,
+        ),
     )
-}  # fmt: skip
+}
 
 
 def _from_hf(cfg: dict[str, Any], name: str) -> dict[str, Any]:

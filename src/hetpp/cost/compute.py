@@ -1,0 +1,141 @@
+"""Per-layer compute costs on one GPU type at one micro-batch size, as prefix-summed arrays.
+
+Measured profiles take precedence over the estimator for their GPU type. Everything the planner
+asks many times (stage time, stage memory) becomes two array lookups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetpp.profile.estimator import Calibration, estimate_layer
+from hetpp.profile.table import LAYER_KINDS, ProfileTable
+from hetpp.specs.catalog import GpuType
+from hetpp.specs.cluster import Cluster
+from hetpp.specs.errors import SpecError
+from hetpp.specs.model import ModelSpec
+from hetpp.specs.train import TrainSpec
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Costs of every layer of the model for one micro-batch on one GPU type."""
+
+    gpu: GpuType
+    mbs: int
+    """Micro-batch size (samples)."""
+    fwd_s: np.ndarray
+    """Forward seconds per layer."""
+    bwd_s: np.ndarray
+    """Backward seconds per layer, including the recomputed forward when recomputation is on."""
+    saved_bytes: np.ndarray
+    """Bytes one in-flight micro-batch keeps per layer until its backward."""
+    peak_extra_bytes: np.ndarray
+    """Transient bytes while a layer runs backward (its full activations when recomputing)."""
+    send_bytes: np.ndarray
+    """Bytes of the activation each layer sends to the next (per micro-batch)."""
+    source: str
+    """'measured' or 'estimated'."""
+    _fwd_cum: np.ndarray = field(init=False, repr=False)
+    _bwd_cum: np.ndarray = field(init=False, repr=False)
+    _saved_cum: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, arr in (
+            ("_fwd_cum", self.fwd_s),
+            ("_bwd_cum", self.bwd_s),
+            ("_saved_cum", self.saved_bytes),
+        ):
+            object.__setattr__(self, name, np.concatenate([[0.0], np.cumsum(arr)]))
+
+    def fwd(self, start: int, end: int) -> float:
+        return float(self._fwd_cum[end] - self._fwd_cum[start])
+
+    def bwd(self, start: int, end: int) -> float:
+        return float(self._bwd_cum[end] - self._bwd_cum[start])
+
+    def saved(self, start: int, end: int) -> float:
+        return float(self._saved_cum[end] - self._saved_cum[start])
+
+    @property
+    def fwd_cum(self) -> np.ndarray:
+        """Prefix sums of fwd_s (length L+1), for vectorized range sums."""
+        return self._fwd_cum
+
+    @property
+    def bwd_cum(self) -> np.ndarray:
+        return self._bwd_cum
+
+    @property
+    def saved_cum(self) -> np.ndarray:
+        return self._saved_cum
+
+
+class CostModel:
+    """The one place that turns (model, training settings, cluster, profiles) into costs."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        train: TrainSpec,
+        cluster: Cluster,
+        profiles: ProfileTable | None = None,
+        calibration: Calibration | None = None,
+    ):
+        self.model = model
+        self.train = train
+        self.cluster = cluster
+        self.profiles = profiles or ProfileTable(())
+        self.calibration = calibration
+        self._cache: dict[tuple[str, int], LayerCosts] = {}
+        self._check_profiles()
+
+    def _check_profiles(self) -> None:
+        for gpu in self.profiles.gpus():
+            rows = self.profiles.for_gpu(gpu).rows
+            kinds = {r.layer for r in rows if r.seq_len == self.model.seq_len}
+            missing = sorted(set(LAYER_KINDS) - kinds)
+            if missing:
+                raise SpecError(
+                    f"profile for GPU {gpu!r} lacks layer kinds {missing} "
+                    f"at seq_len {self.model.seq_len}",
+                    field="profile",
+                )
+
+    def layer_costs(self, gpu: GpuType, mbs: int) -> LayerCosts:
+        """Memoized per (GPU type, micro-batch size)."""
+        key = (gpu.name.lower(), mbs)
+        if key not in self._cache:
+            self._cache[key] = self._build(gpu, mbs)
+        return self._cache[key]
+
+    def _build(self, gpu: GpuType, mbs: int) -> LayerCosts:
+        layers, s = self.model.layers, self.model.seq_len
+        measured = gpu.name.lower() in self.profiles.gpus()
+        table = self.profiles.for_gpu(gpu.name) if measured else None
+        fwd, bwd, saved, full = [], [], [], []
+        for layer in layers:
+            if table is not None:
+                f, b, act = table.lookup(gpu.name, layer.kind, mbs)
+            else:
+                f, b = estimate_layer(layer, s, mbs, gpu, self.calibration)
+                act = layer.saved_bytes_per_sample * mbs
+            fwd.append(f)
+            bwd.append(b + (f if self.train.recompute else 0.0))
+            full.append(act)
+            saved.append(
+                layer.saved_bytes_recompute_per_sample * mbs if self.train.recompute else act
+            )
+        full_arr = np.array(full, dtype=float)
+        return LayerCosts(
+            gpu=gpu,
+            mbs=mbs,
+            fwd_s=np.array(fwd),
+            bwd_s=np.array(bwd),
+            saved_bytes=np.array(saved, dtype=float),
+            peak_extra_bytes=full_arr if self.train.recompute else np.zeros(len(layers)),
+            send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),
+            source="measured" if measured else "estimated",
+        )
