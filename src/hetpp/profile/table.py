@@ -104,6 +104,11 @@ class ProfileTable:
             return cls(_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader))
 
 
+def load_profiles(paths: Iterable[str | Path]) -> ProfileTable:
+    """Rows of several profile files in one table (later files may add GPU types)."""
+    return ProfileTable(r for p in paths for r in ProfileTable.load(p).rows)
+
+
 def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
     try:
         row = ProfileRow(

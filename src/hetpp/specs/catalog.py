@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 
 class GpuType(BaseModel):
@@ -12,11 +12,13 @@ class GpuType(BaseModel):
 
     name: str
     """Type name, e.g. `A100-80GB`; catalog lookups ignore case."""
-    bf16_tflops: PositiveFloat
-    """Peak dense bf16/fp16 tensor-core rate with fp32 accumulation, TFLOP/s (no sparsity)."""
-    memory_gb: PositiveFloat
-    """Device memory, GB (10^9 bytes) as the datasheet gives it."""
-    mem_bw_GBps: PositiveFloat
+    bf16_tflops: float = Field(gt=0, le=100_000)
+    """Peak dense bf16/fp16 tensor-core rate with fp32 accumulation, TFLOP/s (no sparsity);
+    at most 100,000, which catches a rate given in FLOP/s."""
+    memory_gb: float = Field(gt=0, le=10_000)
+    """Device memory, GB (10^9 bytes) as the datasheet gives it; at most 10,000, which catches
+    a size given in bytes."""
+    mem_bw_GBps: float = Field(gt=0, le=1_000_000)
     """Device memory bandwidth, GB/s."""
     emulate_slowdown: PositiveFloat | None = None
     """CPU emulation only: compute of this type takes `factor x` the measured CPU time.

@@ -11,7 +11,6 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    PositiveFloat,
     PositiveInt,
     model_validator,
 )
@@ -31,8 +30,8 @@ class NodeGroup(BaseModel):
     """GPUs in each node of this group."""
     count: PositiveInt = 1
     """Number of identical nodes in this group."""
-    intra_node_GBps: PositiveFloat
-    """GPU-to-GPU bandwidth inside one node (NVLink, PCIe), GB/s per direction."""
+    intra_node_GBps: float = Field(gt=0, le=100_000)
+    """GPU-to-GPU bandwidth inside one node (NVLink, PCIe), GB/s per direction (bytes, not bits)."""
 
 
 class Device(NamedTuple):
@@ -62,7 +61,7 @@ class Cluster(BaseModel):
     """New GPU types, or overrides of catalog entries with the same name."""
     nodes: tuple[NodeGroup, ...] = Field(min_length=1)
     """Node groups, in order; device ids follow this order."""
-    inter_node_GBps: PositiveFloat
+    inter_node_GBps: float = Field(gt=0, le=100_000)
     """Bandwidth between any two nodes, GB/s per direction."""
     inter_node_latency_us: NonNegativeFloat = 10.0
     """Latency of one inter-node message, microseconds."""

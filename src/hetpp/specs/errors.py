@@ -35,7 +35,7 @@ def from_validation_error(err: ValidationError, file: str | None = None) -> Spec
     """Turn pydantic's error list into one SpecError naming every bad field."""
     lines = []
     for e in err.errors():
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling)"
         elif e["type"] == "missing":

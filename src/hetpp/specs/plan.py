@@ -127,6 +127,13 @@ class Plan(BaseModel):
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""
+        if cluster is not None and self.cluster is not None and cluster != self.cluster:
+            raise SpecError(
+                f"the plan was made for cluster {self.cluster.name!r} "
+                f"({self.cluster.num_devices} GPUs), not {cluster.name!r} ({cluster.num_devices} "
+                "GPUs); re-plan for this cluster",
+                field="cluster",
+            )
         cluster = cluster or self.cluster
         if self.version != PLAN_VERSION:
             raise SpecError(

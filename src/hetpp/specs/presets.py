@@ -166,7 +166,8 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
             fields = _from_hf(data, data.get("_name_or_path") or p.parent.name or p.stem)
         except SpecError as e:
             raise e.in_file(key) from None
-        return validate_model(ModelConfig, fields, key)
+        # A key absent from config.json maps to None: let validation call it missing.
+        return validate_model(ModelConfig, {k: v for k, v in fields.items() if v is not None}, key)
     return validate_model(ModelConfig, data, key)
 
 

@@ -1,0 +1,92 @@
+"""`hetpp check`: validate cluster, model, plan and profile files and summarise them."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from hetpp.profile.table import load_profiles
+from hetpp.specs.cluster import Cluster, load_cluster
+from hetpp.specs.model import ModelSpec
+from hetpp.specs.plan import load_plan
+from hetpp.specs.presets import load_model
+
+EXAMPLES = """examples:
+  hetpp check --cluster examples/a100-v100.yaml
+  hetpp check --model llama2-7b --seq-len 4096
+  hetpp check --model path/to/config.json
+  hetpp check --plan plan.json --cluster examples/a100-v100.yaml
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="validate input files and summarise them",
+        description="Validate cluster, model, plan and profile files; print what hetpp read.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--cluster", help="cluster YAML file")
+    p.add_argument("--model", help="preset name, Hugging Face config.json, or ModelConfig file")
+    p.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
+    p.add_argument("--plan", help="plan JSON file; checked against --cluster when given")
+    p.add_argument("--profile", nargs="*", default=[], metavar="CSV", help="profile CSV files")
+    p.set_defaults(func=run)
+
+
+def cluster_table(cluster: Cluster) -> Table:
+    t = Table(title=f"Cluster {cluster.name!r}: {cluster.num_devices} GPUs", title_justify="left")
+    for col in ("group", "GPU", "nodes x GPUs", "device ids", "TFLOP/s", "memory GB", "intra GB/s"):
+        t.add_column(col)
+    first = 0
+    for i, g in enumerate(cluster.nodes):
+        gpu = cluster.type_table[g.gpu.lower()]
+        n = g.count * g.gpus_per_node
+        t.add_row(
+            str(i),
+            gpu.name,
+            f"{g.count} x {g.gpus_per_node}",
+            f"{first}..{first + n - 1}",
+            f"{gpu.bf16_tflops:g}",
+            f"{gpu.memory_gb:g}",
+            f"{g.intra_node_GBps:g}",
+        )
+        first += n
+    t.caption = f"inter-node {cluster.inter_node_GBps:g} GB/s, {cluster.inter_node_latency_us:g} us"
+    return t
+
+
+def model_lines(model: ModelSpec) -> list[str]:
+    c = model.config
+    return [
+        f"model {c.name}: {c.family}, {model.total_params / 1e9:.3f} B parameters, "
+        f"{c.num_layers} blocks (layer list of {model.num_layers}: embedding, blocks, head)",
+        f"hidden {c.hidden_size}, heads {c.num_heads} (kv {c.kv_heads}), ffn {c.ffn_hidden_size}, "
+        f"vocab {c.vocab_size}, seq {model.seq_len}, tied embeddings: {c.tie_embeddings}",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    if not (args.cluster or args.model or args.plan or args.profile):
+        console.print("nothing to check: give --cluster, --model, --plan or --profile")
+        return 2
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if cluster:
+        console.print(cluster_table(cluster))
+    if args.model:
+        for line in model_lines(load_model(args.model, args.seq_len)):
+            console.print(line)
+    if args.plan:
+        plan = load_plan(args.plan, cluster)
+        console.print(
+            f"plan {args.plan}: valid; {len(plan.pipelines)} pipelines over "
+            f"{plan.num_devices} devices, {len(plan.blocks())} gradient blocks"
+        )
+    if args.profile:
+        table = load_profiles(args.profile)
+        console.print(f"profiles: {len(table.rows)} rows for GPU types {sorted(table.gpus())}")
+    return 0

@@ -1,0 +1,136 @@
+"""Cost model against hand computations."""
+
+import pytest
+
+from hetpp.cost.comm import allreduce_time_s, p2p_time_s
+from hetpp.cost.compute import CostModel
+from hetpp.cost.memory import in_flight, stage_memory, stage_params
+from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
+from hetpp.cost.step import cost_model_for_plan, step_cost
+from hetpp.profile.table import ProfileRow, ProfileTable
+from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
+from hetpp.specs.cluster import Link
+
+
+def test_llama2_7b_one_stage_memory_by_hand():
+    model = load_model("llama2-7b", 2048)
+    train = TrainSpec(global_batch=8, seq_len=2048)  # bf16 weights+grads, 12 B optimizer
+    cm = CostModel(model, train, _one_node("H200", 1))
+    costs = cm.layer_costs(CATALOG["h200"], 1)
+    mem = stage_memory(model, train, costs, 0, 34, in_flight("1f1b", 0, 1, 8))
+    n = 6_738_415_616
+    assert mem.weights + mem.grads + mem.optimizer == 16 * n  # 107.8 GB of model states
+    h, f, s = 4096, 11008, 2048
+    # Per block, saved elements per token: norm in/out x2 (4h), q,k,v (3h), attention out (h),
+    # rotated q,k (2h), fp32 norm upcasts (2 x 2h), SwiGLU gate, up, act, product (4f); bf16.
+    block = s * (14 * h + 4 * f) * 2
+    head = s * (2 * h + 32000) * 2  # final norm in/out and logits
+    emb = s * 8  # token ids
+    send_buffers = 2 * s * h * 2
+    assert mem.activations == 32 * block + head + emb + send_buffers
+    assert mem.reserve == 2e9
+    print(
+        f"llama2-7b, one stage, mbs 1, seq 2048: {mem.total / 1e9:.1f} GB "
+        f"(states {16 * n / 1e9:.1f} GB, activations {mem.activations / 1e9:.2f} GB)"
+    )
+    assert mem.total > CATALOG["a100-80gb"].memory_bytes  # does not fit one A100-80GB
+    assert mem.total < CATALOG["h200"].memory_bytes
+
+
+def test_recomputation_keeps_only_layer_inputs():
+    model = load_model("gpt3-1.3b", 2048)
+    train = TrainSpec(global_batch=8, recompute=True)
+    costs = CostModel(model, train, _one_node("A100-80GB", 1)).layer_costs(CATALOG["a100-80gb"], 2)
+    mem = stage_memory(model, train, costs, 1, 5, 3)
+    s, h = 2048, 2048
+    per_mb = 4 * s * h * 2 * 2  # 4 blocks x input (mbs 2)
+    transient = s * 32 * h * 2  # one block's full activations during its backward
+    assert mem.activations == 3 * per_mb + transient + 2 * (2 * s * h * 2)
+    plain = CostModel(model, TrainSpec(global_batch=8), _one_node("A100-80GB", 1))
+    assert costs.bwd(1, 5) == pytest.approx(
+        plain.layer_costs(CATALOG["a100-80gb"], 2).bwd(1, 5) + costs.fwd(1, 5)
+    )
+
+
+def test_in_flight_1f1b_and_gpipe():
+    assert [in_flight("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight("1f1b", 0, 4, 2) == 2
+    assert in_flight("gpipe", 3, 4, 8) == 8
+
+
+def test_tied_head_stores_a_copy_unless_with_embedding():
+    m = load_model("gpt3-1.3b", 2048)
+    vh = 50257 * 2048
+    assert stage_params(m, 20, 26) == sum(x.params for x in m.layers[20:26]) + vh
+    assert stage_params(m, 0, 26) == m.total_params
+
+
+def test_comm_formulas():
+    link = Link(10e9, 1e-5)
+    assert p2p_time_s(1e9, link) == pytest.approx(0.1 + 1e-5)
+    assert allreduce_time_s(1e9, 4, link) == pytest.approx(2 * 3 / 4 * 0.1 + 6e-5)
+    assert allreduce_time_s(1e9, 1, link) == 0.0
+
+
+def test_pipeline_closed_form_1f1b():
+    # 2 stages, f=(1,2), b=(2,4), comm 0.5, m=4: fill 1+2+2+4+2*0.5 = 10, then 3 x max(3,6).
+    assert pipeline_time_s([1, 2], [2, 4], [0.5], 4) == 10 + 3 * 6
+    assert pipeline_time_s([1, 2], [2, 4], [0.5], 4, "gpipe") == 10 + 3 * (2 + 4)
+    assert backward_done_s([2, 4], [0.5], 28) == [28, 25.5]
+
+
+def _one_node(gpu: str, n: int) -> Cluster:
+    return Cluster(
+        nodes=[{"gpu": gpu, "gpus_per_node": n, "intra_node_GBps": 100}], inter_node_GBps=10
+    )
+
+
+def test_measured_profile_takes_precedence(small_cluster):
+    rows = [
+        ProfileRow("A100-80GB", "tiny-gpt", 64, k, 1, 0.01, 0.02, 1000)
+        for k in ("embedding", "block", "head")
+    ]
+    plan = Plan(
+        global_batch=4,
+        seq_len=64,
+        model=PRESETS["tiny-gpt"],
+        cluster=small_cluster,
+        pipelines=[
+            {
+                "stages": [{"devices": [0], "layers": [0, 3]}, {"devices": [1], "layers": [3, 6]}],
+                "micro_batch_size": 1,
+                "num_micro_batches": 4,
+            }
+        ],
+    )
+    step = step_cost(plan, cost_model_for_plan(plan, ProfileTable(rows)))
+    assert [s.fwd_s for s in step.stages] == pytest.approx([0.03, 0.03])
+    assert [s.bwd_s for s in step.stages] == pytest.approx([0.06, 0.06])
+    comm = 64 * 64 * 2 / 300e9 + 5e-6
+    assert step.pipeline_time_s[0] == pytest.approx(0.18 + 2 * comm + 3 * 0.09)
+
+
+def test_two_pipelines_sync_waits_for_the_slower(small_cluster):
+    plan = Plan(
+        global_batch=8,
+        seq_len=64,
+        model=PRESETS["tiny-llama"],
+        cluster=small_cluster,
+        pipelines=[
+            {
+                "stages": [{"devices": [0], "layers": [0, 6]}],
+                "micro_batch_size": 1,
+                "num_micro_batches": 4,
+            },
+            {
+                "stages": [{"devices": [2], "layers": [0, 6]}],
+                "micro_batch_size": 1,
+                "num_micro_batches": 4,
+            },
+        ],
+    )
+    step = step_cost(plan, cost_model_for_plan(plan))
+    (bucket,) = step.buckets
+    assert bucket.owners == (0, 2) and bucket.ready_s == max(step.pipeline_time_s)
+    assert step.iteration_time_s >= bucket.end_s
+    assert step.throughput_samples_per_s == pytest.approx(8 / step.iteration_time_s)

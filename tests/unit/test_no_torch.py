@@ -1,0 +1,28 @@
+"""The planning side must not load torch: it runs where torch is absent and must start fast."""
+
+import subprocess
+import sys
+
+PURE = [
+    "hetpp.specs",
+    "hetpp.profile.table",
+    "hetpp.profile.estimator",
+    "hetpp.cost",
+    "hetpp.cost.step",
+    "hetpp.planner",
+    "hetpp.sim",
+    "hetpp.report.tables",
+]
+
+
+def test_pure_packages_do_not_import_torch():
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"for name in {PURE!r}:\n"
+        "    mod = importlib.import_module(name)\n"
+        "    for m in pkgutil.walk_packages(getattr(mod, '__path__', []), name + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

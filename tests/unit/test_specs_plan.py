@@ -1,0 +1,72 @@
+import pytest
+
+from hetpp.specs import PRESETS, Plan, SpecError, load_plan
+from hetpp.specs.plan import derive_grad_blocks
+
+
+def make_plan(cluster, pipelines, batch=None, **kw):
+    batch = batch or sum(p["micro_batch_size"] * p["num_micro_batches"] for p in pipelines)
+    return Plan(
+        global_batch=batch,
+        seq_len=64,
+        model=PRESETS["tiny-gpt"],
+        cluster=cluster,
+        pipelines=pipelines,
+        **kw,
+    )
+
+
+def pipe(stages, mbs=1, m=4):
+    return {
+        "stages": [{"devices": [d], "layers": list(r)} for d, r in stages],
+        "micro_batch_size": mbs,
+        "num_micro_batches": m,
+    }
+
+
+def test_grad_blocks_cut_at_union_of_boundaries(small_cluster):
+    # tiny-gpt: 4 blocks -> layer list of 6.
+    plan = make_plan(
+        small_cluster,
+        [pipe([(0, (0, 3)), (1, (3, 6))]), pipe([(2, (0, 2)), (3, (2, 4)), (4, (4, 6))])],
+    )
+    blocks = [(b.layers, b.owners) for b in derive_grad_blocks(plan)]
+    assert blocks == [((0, 2), (0, 2)), ((2, 3), (0, 3)), ((3, 4), (1, 3)), ((4, 6), (1, 4))]
+    assert plan.validate_plan() is plan
+
+
+def test_roundtrip_with_derived_blocks(small_cluster, tmp_path):
+    plan = make_plan(small_cluster, [pipe([(0, (0, 6))], mbs=2, m=3), pipe([(1, (0, 6))], m=2)])
+    plan.with_derived().save(tmp_path / "p.json")
+    back = load_plan(tmp_path / "p.json", small_cluster)
+    assert back.blocks() == plan.blocks() and back.global_batch == 8
+
+
+@pytest.mark.parametrize(
+    ("pipelines", "batch", "match"),
+    [
+        ([pipe([(0, (0, 3)), (1, (4, 6))])], None, r"stages\[1\]\.layers: layers \[4, 6\)"),
+        ([pipe([(0, (0, 3)), (1, (3, 5))])], None, "stages end at layer 5, expected 6"),
+        ([pipe([(0, (0, 6))]), pipe([(0, (0, 6))])], None, "device 0 is already used"),
+        ([pipe([(9, (0, 6))])], None, "device 9 does not exist"),
+        ([pipe([(0, (0, 6))], m=4)], 5, "expected global_batch = 5"),
+        ([pipe([(0, (0, 2)), (1, (2, 4)), (2, (4, 6))], m=2)], None, "1F1B needs"),
+    ],
+)
+def test_invalid_plans_name_the_field(small_cluster, pipelines, batch, match):
+    with pytest.raises(SpecError, match=match):
+        make_plan(small_cluster, pipelines, batch).validate_plan()
+
+
+def test_gpipe_allows_fewer_micro_batches_than_stages(small_cluster):
+    p = make_plan(
+        small_cluster, [pipe([(0, (0, 2)), (1, (2, 4)), (2, (4, 6))], m=2)], schedule="gpipe"
+    )
+    p.validate_plan()
+
+
+def test_plan_for_another_cluster_is_rejected(small_cluster):
+    other = small_cluster.model_copy(update={"name": "other"})
+    plan = make_plan(small_cluster, [pipe([(0, (0, 6))])])
+    with pytest.raises(SpecError, match="made for cluster 'small'"):
+        plan.validate_plan(other)
