@@ -107,7 +107,8 @@ def test_measured_profile_takes_precedence(small_cluster):
     assert [s.fwd_s for s in step.stages] == pytest.approx([0.03, 0.03])
     assert [s.bwd_s for s in step.stages] == pytest.approx([0.06, 0.06])
     comm = 64 * 64 * 2 / 300e9 + 5e-6
-    assert step.pipeline_time_s[0] == pytest.approx(0.18 + 2 * comm + 3 * 0.09)
+    # 1F1B beat: the two stages' round trip (0.18 + 2 comm) holds 2 micro-batches (beat_s).
+    assert step.pipeline_time_s[0] == pytest.approx(0.18 + 2 * comm + 3 * (0.09 + comm))
 
 
 def test_two_pipelines_sync_waits_for_the_slower(small_cluster):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from hetpp.cost.compute import LayerCosts
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.train import TrainSpec
@@ -59,3 +61,34 @@ def stage_memory(
         activations=acts,
         reserve=train.reserve_bytes,
     )
+
+
+def stage_memory_parts(
+    model: ModelSpec, train: TrainSpec, costs: LayerCosts
+) -> tuple[np.ndarray, np.ndarray]:
+    """`stage_memory` for every layer range at once, for planners that try many splits.
+
+    Returns `(fixed, per_micro_batch)`, two (L+1) x (L+1) arrays indexed `[start, end]`, such that
+    `stage_memory(model, train, costs, start, end, k).total == fixed[start, end] + k *
+    per_micro_batch[start, end]` for `start < end` (entries with `start >= end` are meaningless).
+    Same terms as `stage_memory`: model states, the largest transient backward peak, two
+    send/receive buffers and the reserve are fixed; in-flight saved activations scale with k."""
+    num = len(model.layers)
+    params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
+    n = params[None, :] - params[:, None]
+    last = model.layers[-1]
+    if last.stored_params != last.params:
+        n[0, num] -= last.stored_params - last.params  # one tensor serves tied embedding and head
+    state = n * (train.dtype_bytes + train.grad_bytes_per_param + train.optimizer_bytes_per_param)
+    fixed = state + _range_max(costs.peak_extra_bytes) + 2 * _range_max(costs.send_bytes)
+    saved = costs.saved_cum[None, :] - costs.saved_cum[:, None]
+    return fixed + train.reserve_bytes, saved
+
+
+def _range_max(values: np.ndarray) -> np.ndarray:
+    """`out[a, b] = max(values[a:b], initial=0)` for all a < b, as an (L+1) x (L+1) array."""
+    num = len(values)
+    out = np.zeros((num + 1, num + 1))
+    for a in range(num):
+        out[a, a + 1 :] = np.maximum.accumulate(np.maximum(values[a:], 0.0))
+    return out

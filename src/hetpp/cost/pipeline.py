@@ -5,6 +5,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def beat_s(
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    comm_s: Sequence[float],
+    schedule: str = "1f1b",
+) -> float:
+    """Steady-state seconds per micro-batch: what each micro-batch beyond the first adds.
+
+    1F1B runs stages in lock-step: in steady state stage s alternates F(r + S-s-1) and B(r), so
+    stages s..t form a cycle (F travels s -> t, B comes back, then s may start its next forward)
+    that holds t-s+1 micro-batches. Each such window of consecutive stages bounds the beat by its
+    mean, `(sum of f+b over the window + 2 x the transfers inside it) / (t - s + 1)`; the beat is
+    the largest mean (the max cycle mean of the schedule's event graph). Without transfers that
+    is the slowest stage's f+b; a slow link between stages adds about its transfer time per
+    micro-batch, which the event simulator shows and the slowest stage alone misses.
+
+    GPipe's two phases are flow lines in which each link is a stage of its own: forward paced by
+    max(f, c), backward by max(b, c)."""
+    c = list(comm_s)
+    if schedule == "gpipe":
+        return float(max([*fwd_s, *c]) + max([*bwd_s, *c]))
+    work = [f + b for f, b in zip(fwd_s, bwd_s)]
+    best = max(work)
+    if not any(c):  # a window's mean never exceeds its slowest stage
+        return float(best)
+    # O(S^2) over windows; plain Python beats numpy's call overhead at pipeline depths
+    for s in range(len(work) - 1):
+        total = work[s]
+        for t in range(s + 1, len(work)):
+            total += work[t] + 2 * c[t - 1]
+            best = max(best, total / (t - s + 1))
+    return float(best)
+
+
 def pipeline_time_s(
     fwd_s: Sequence[float],
     bwd_s: Sequence[float],
@@ -12,18 +46,17 @@ def pipeline_time_s(
     num_micro_batches: int,
     schedule: str = "1f1b",
 ) -> float:
-    """Time from the first forward to the last backward of one step.
+    """Time from the first forward to the last backward of one step: `fill + (m - 1) * beat`.
 
     `comm_s[s]` is the one-way activation (and gradient) transfer time between stage s and s+1
-    (length S-1). 1F1B: the fill and drain traverse every stage once in each direction, and the
-    slowest stage paces the other m-1 micro-batches. GPipe runs all forwards, then all backwards,
-    each phase paced by its own slowest stage.
-    """
+    (length S-1). The fill and drain traverse every stage once in each direction; `beat_s` paces
+    the other m-1 micro-batches. Exact for GPipe. For 1F1B exact with free links when the last
+    stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
+    trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
+    finds it within 5% on the plans of docs/benchmarks-sim.md)."""
     m = num_micro_batches
     fill = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
-    if schedule == "gpipe":
-        return float(fill + (m - 1) * (max(fwd_s) + max(bwd_s)))
-    return float(fill + (m - 1) * max(f + b for f, b in zip(fwd_s, bwd_s)))
+    return float(fill + (m - 1) * beat_s(fwd_s, bwd_s, comm_s, schedule))
 
 
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:

@@ -1,0 +1,245 @@
+"""Discrete-event engine: runs per-rank action lists with the dependencies between ranks.
+
+Resources and rules:
+- each rank runs its actions in order on one compute stream (F, B, OPT take their time);
+- a send is asynchronous: the message occupies the (sender, receiver) link, one direction, from
+  `max(send issued, link free)` for the link's time; the sender goes on at once;
+- a receive completes when its message has arrived (the rank waits until then);
+- a SYNC is a collective over its members: it starts when the last member reaches it and ends for
+  all of them together, `duration_s` later.
+
+Ranks are taken from a heap ordered by their clock and each runs until it blocks. That is exact
+here because no resource has two users whose order depends on timing: a link direction has one
+sender (which issues in program order) and a collective's start is a max over its members. A
+rank that can never proceed is reported as a Deadlock, never waited on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetpp.sim.schedule import Action
+from hetpp.sim.trace import Kind, Trace, Transfers, empty_transfers
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """One rank's actions and the times they take."""
+
+    actions: tuple[Action, ...]
+    fwd_s: float
+    """Seconds of each forward (F)."""
+    bwd_s: float
+    """Seconds of each backward (B)."""
+    prev: int | None = None
+    """Program index of the previous stage (source of RECV_F, target of SEND_B)."""
+    next: int | None = None
+    """Program index of the next stage (target of SEND_F, source of RECV_B)."""
+    send_next_s: float = 0.0
+    """Link time of one activation to the next stage."""
+    send_prev_s: float = 0.0
+    """Link time of one gradient to the previous stage."""
+    opt_s: float = 0.0
+    """Seconds of the optimizer step (OPT)."""
+    name: str = ""
+    """How reports and errors name the rank (e.g. 'device 5')."""
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """An all-reduce that SYNC actions with its index join."""
+
+    members: tuple[int, ...]
+    """Program indices of the ranks taking part."""
+    duration_s: float
+
+
+class ScheduleError(ValueError):
+    """The action lists are malformed (a send with no peer, a stray message, a bad bucket)."""
+
+
+class Deadlock(ScheduleError):
+    """Some ranks wait for something that never comes; `blocked` says who waits for what."""
+
+    def __init__(self, blocked: list[str]):
+        self.blocked = blocked
+        shown = "; ".join(blocked[:8]) + (
+            f"; ... {len(blocked) - 8} more" if len(blocked) > 8 else ""
+        )
+        super().__init__(f"deadlock: {len(blocked)} rank(s) can never proceed: {shown}")
+
+
+def _name(programs: Sequence[RankProgram], r: int) -> str:
+    return programs[r].name or f"rank {r}"
+
+
+def _check(programs: Sequence[RankProgram], collectives: Sequence[Collective]) -> None:
+    for r, prog in enumerate(programs):
+        for a in prog.actions:
+            bad = (
+                (a.kind in ("SEND_F", "RECV_B") and prog.next is None)
+                or (a.kind in ("RECV_F", "SEND_B") and prog.prev is None)
+                or (
+                    a.kind == "SYNC"
+                    and (
+                        a.microbatch is None
+                        or not 0 <= a.microbatch < len(collectives)
+                        or r not in collectives[a.microbatch].members
+                    )
+                )
+            )
+            if bad:
+                raise ScheduleError(f"{_name(programs, r)}: action {a} has no peer or collective")
+
+
+class _Run:
+    """Mutable state of one run (kept out of the public types)."""
+
+    def __init__(self, programs: Sequence[RankProgram], collectives: Sequence[Collective]):
+        self.programs, self.collectives = programs, collectives
+        n = len(programs)
+        self.pc = [0] * n
+        self.clock = [0.0] * n
+        self.heap = [(0.0, r) for r in range(n)]
+        self.arrived: dict[tuple, float] = {}
+        self.waiting: dict[tuple, int] = {}
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.coll_count = [0] * len(collectives)
+        self.coll_ready = [0.0] * len(collectives)
+        self.intervals: list[tuple[int, int, int, float, float]] = []
+        self.transfers: list[tuple[int, int, int, int, float, float]] = []
+
+    def send(self, src: int, dst: int, grad: int, mb: int, t: float, dur: float) -> None:
+        key = (src, dst, grad, mb)
+        if key in self.arrived:
+            raise ScheduleError(f"{_name(self.programs, src)} sends {key} twice")
+        start = max(t, self.link_free.get((src, dst), 0.0))
+        end = start + dur
+        self.link_free[(src, dst)] = end
+        self.transfers.append((src, dst, grad, mb, start, end))
+        self.arrived[key] = end
+        w = self.waiting.pop(key, None)
+        if w is not None:
+            heapq.heappush(self.heap, (max(self.clock[w], end), w))
+
+    def join(self, r: int, c: int, t: float) -> float | None:
+        """Rank r reaches collective c at t; returns its end if r completes it, else None."""
+        coll = self.collectives[c]
+        self.coll_count[c] += 1
+        self.coll_ready[c] = max(self.coll_ready[c], t)
+        if self.coll_count[c] < len(coll.members):
+            return None
+        start = self.coll_ready[c]
+        end = start + coll.duration_s
+        for m in coll.members:
+            self.intervals.append((m, Kind.SYNC, c, start, end))
+            if m != r:  # the others were blocked on it: move them past the SYNC
+                self.clock[m] = end
+                self.pc[m] += 1
+                heapq.heappush(self.heap, (end, m))
+        return end
+
+    def step_rank(self, r: int) -> None:
+        """Run rank r from its current action until it blocks or finishes."""
+        prog = self.programs[r]
+        acts, i, t = prog.actions, self.pc[r], self.clock[r]
+        rec = self.intervals.append
+        while i < len(acts):
+            kind, mb = acts[i].kind, acts[i].microbatch
+            if kind == "F":
+                rec((r, Kind.F, mb, t, t + prog.fwd_s))
+                t += prog.fwd_s
+            elif kind == "B":
+                rec((r, Kind.B, mb, t, t + prog.bwd_s))
+                t += prog.bwd_s
+            elif kind == "SEND_F":
+                self.send(r, prog.next, 0, mb, t, prog.send_next_s)
+            elif kind == "SEND_B":
+                self.send(r, prog.prev, 1, mb, t, prog.send_prev_s)
+            elif kind in ("RECV_F", "RECV_B"):
+                key = (prog.prev, r, 0, mb) if kind == "RECV_F" else (prog.next, r, 1, mb)
+                at = self.arrived.pop(key, None)
+                if at is None:
+                    self.waiting[key] = r
+                    break
+                t = max(t, at)
+            elif kind == "SYNC":
+                end = self.join(r, mb, t)
+                if end is None:
+                    break
+                t = end
+            elif kind == "OPT":
+                rec((r, Kind.OPT, -1, t, t + prog.opt_s))
+                t += prog.opt_s
+            else:
+                raise ScheduleError(f"{_name(self.programs, r)}: unknown action {acts[i]}")
+            i += 1
+        self.pc[r], self.clock[r] = i, t
+
+    def blocked(self) -> list[str]:
+        out = []
+        for r, prog in enumerate(self.programs):
+            if self.pc[r] >= len(prog.actions):
+                continue
+            a = prog.actions[self.pc[r]]
+            if a.kind == "SYNC":
+                missing = [
+                    _name(self.programs, m)
+                    for m in self.collectives[a.microbatch].members
+                    if not self._at_sync(m, a.microbatch)
+                ]
+                why = f"all-reduce {a.microbatch} still needs {', '.join(missing)}"
+            else:
+                peer = prog.prev if a.kind == "RECV_F" else prog.next
+                why = f"waits for a message from {_name(self.programs, peer)}"
+            out.append(f"{_name(self.programs, r)} at {a} ({why})")
+        return out
+
+    def _at_sync(self, r: int, c: int) -> bool:
+        acts = self.programs[r].actions
+        pc = self.pc[r]
+        return pc < len(acts) and acts[pc].kind == "SYNC" and acts[pc].microbatch == c
+
+
+def run(programs: Sequence[RankProgram], collectives: Sequence[Collective] = ()) -> Trace:
+    """Execute the programs; raises Deadlock if some rank can never finish."""
+    _check(programs, collectives)
+    st = _Run(programs, collectives)
+    while st.heap:
+        _, r = heapq.heappop(st.heap)
+        st.step_rank(r)
+    blocked = st.blocked()
+    if blocked:
+        raise Deadlock(blocked)
+    if st.arrived:
+        key = next(iter(st.arrived))
+        raise ScheduleError(
+            f"{len(st.arrived)} message(s) sent but never received, e.g. "
+            f"{_name(programs, key[0])} -> {_name(programs, key[1])} micro-batch {key[3]}"
+        )
+    return _trace(len(programs), st)
+
+
+def _trace(n: int, st: _Run) -> Trace:
+    iv = np.array(st.intervals, dtype=float).reshape(-1, 5)
+    tr = np.array(st.transfers, dtype=float).reshape(-1, 6)
+    transfers = (
+        Transfers(
+            tr[:, 0].astype(int),
+            tr[:, 1].astype(int),
+            tr[:, 2].astype(bool),
+            tr[:, 3].astype(int),
+            tr[:, 4],
+            tr[:, 5],
+        )
+        if len(tr)
+        else empty_transfers()
+    )
+    return Trace(
+        n, iv[:, 0].astype(int), iv[:, 1].astype(np.int8), iv[:, 2].astype(int), iv[:, 3], iv[:, 4],
+        transfers,
+    )  # fmt: skip

@@ -1,0 +1,122 @@
+"""Simulation results: the step's times, per-device utilisation and memory, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hetpp.sim.trace import Kind, Trace
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One rank (device) over one simulated step."""
+
+    device: int
+    gpu: str
+    """GPU type name."""
+    pipeline: int
+    stage: int
+    layers: tuple[int, int]
+    compute_s: float
+    """Seconds in forward, backward and optimizer."""
+    sync_s: float
+    """Seconds inside gradient all-reduces (waiting for the other owners is idle time)."""
+    iteration_s: float
+    """The step's length, the denominator of the fractions."""
+    max_in_flight: int
+    """Most micro-batches whose activations the device held at once."""
+    peak_memory_bytes: float
+    """Model states + reserve + buffers + the peak of activations actually held in the replay."""
+    memory_capacity_bytes: float
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.compute_s / self.iteration_s
+
+    @property
+    def sync_fraction(self) -> float:
+        return self.sync_s / self.iteration_s
+
+    @property
+    def idle_fraction(self) -> float:
+        return max(0.0, 1.0 - self.busy_fraction - self.sync_fraction)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "gpu": self.gpu,
+            "pipeline": self.pipeline,
+            "stage": self.stage,
+            "layers": list(self.layers),
+            "busy_fraction": self.busy_fraction,
+            "sync_fraction": self.sync_fraction,
+            "idle_fraction": self.idle_fraction,
+            "max_in_flight": self.max_in_flight,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "fits_memory": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated training step of a plan."""
+
+    schedule: str
+    global_batch: int
+    iteration_time_s: float
+    """First forward to the last optimizer step."""
+    pipeline_time_s: tuple[float, ...]
+    """Per pipeline: first forward to its last backward."""
+    exposed_sync_s: float
+    """How far gradient all-reduces run past the slowest pipeline's last backward."""
+    bubble_fraction: float
+    """Share of device time, up to the slowest pipeline's last backward, not spent in forward or
+    backward: pipeline fill/drain, waits for transfers, and data imbalance between pipelines."""
+    devices: tuple[DeviceStats, ...]
+    """In program order: pipeline by pipeline, stage by stage."""
+    trace: Trace
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.global_batch / self.iteration_time_s
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (without the trace)."""
+        return {
+            "schedule": self.schedule,
+            "iteration_time_s": self.iteration_time_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "pipeline_time_s": list(self.pipeline_time_s),
+            "bubble_fraction": self.bubble_fraction,
+            "exposed_sync_s": self.exposed_sync_s,
+            "fits_memory": self.fits,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+
+def step_times(
+    trace: Trace, pipeline_of_rank: list[int], num_pipelines: int
+) -> tuple[float, tuple[float, ...], float, float]:
+    """(iteration, per-pipeline time, exposed sync, bubble fraction) of a trace."""
+    last_b = trace.last_end_per_rank((Kind.B,))
+    pipes = [0.0] * num_pipelines
+    for r, p in enumerate(pipeline_of_rank):
+        pipes[p] = max(pipes[p], float(last_b[r]))
+    compute_end = max(pipes)
+    sync_end = float(trace.last_end_per_rank((Kind.SYNC,)).max(initial=0.0))
+    fb = float(trace.time_per_rank((Kind.F, Kind.B)).sum())
+    bubble = 1.0 - fb / (trace.num_ranks * compute_end) if compute_end > 0 else 0.0
+    iteration = float(
+        trace.last_end_per_rank((Kind.F, Kind.B, Kind.SYNC, Kind.OPT)).max(initial=0.0)
+    )
+    return iteration, tuple(pipes), max(0.0, sync_end - compute_end), bubble

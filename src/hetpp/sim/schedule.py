@@ -1,0 +1,102 @@
+"""Pipeline schedules as plain data: per-rank lists of small actions that print as "2F0", "1B3".
+
+The order follows torch.distributed.pipelining: `ScheduleGPipe` runs every forward, then every
+backward (micro-batch 0 first); `Schedule1F1B` warms stage s up with `S - s - 1` forwards, then
+alternates one forward and one backward, then drains the remaining backwards. Each forward is
+preceded by the receive of its input (except on the first stage) and followed by the send of its
+output (except on the last stage); backwards mirror that in the other direction. After its last
+backward a rank joins the gradient all-reduces of the buckets it owns, in the global bucket order
+(one order on every rank, so collectives cannot deadlock), then steps its optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+ActionKind = Literal["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "SYNC", "OPT"]
+
+
+class Action(NamedTuple):
+    """One step of a rank's program.
+
+    For F, B and the sends/receives `microbatch` is the micro-batch index; for SYNC it is the
+    index of the gradient bucket (collective) in the plan's bucket list; OPT has none."""
+
+    stage: int
+    """Pipeline stage of the rank doing the action."""
+    kind: ActionKind
+    microbatch: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{'' if self.microbatch is None else self.microbatch}"
+
+
+def _forward(stage: int, num_stages: int, k: int) -> list[Action]:
+    out = [Action(stage, "RECV_F", k)] if stage > 0 else []
+    out.append(Action(stage, "F", k))
+    if stage < num_stages - 1:
+        out.append(Action(stage, "SEND_F", k))
+    return out
+
+
+def _backward(stage: int, num_stages: int, k: int) -> list[Action]:
+    out = [Action(stage, "RECV_B", k)] if stage < num_stages - 1 else []
+    out.append(Action(stage, "B", k))
+    if stage > 0:
+        out.append(Action(stage, "SEND_B", k))
+    return out
+
+
+def gpipe_actions(stage: int, num_stages: int, num_micro_batches: int) -> list[Action]:
+    """ScheduleGPipe: all forwards, then all backwards in micro-batch order."""
+    out: list[Action] = []
+    for k in range(num_micro_batches):
+        out += _forward(stage, num_stages, k)
+    for k in range(num_micro_batches):
+        out += _backward(stage, num_stages, k)
+    return out
+
+
+def one_f_one_b_actions(stage: int, num_stages: int, num_micro_batches: int) -> list[Action]:
+    """Schedule1F1B: `S - s - 1` warm-up forwards, then 1F/1B pairs, then the cool-down backwards.
+
+    Stage s therefore holds at most `min(m, S - s)` micro-batches' activations at once."""
+    m = num_micro_batches
+    warmup = min(m, num_stages - stage - 1)
+    out: list[Action] = []
+    for k in range(warmup):
+        out += _forward(stage, num_stages, k)
+    for i in range(m - warmup):
+        out += _forward(stage, num_stages, warmup + i)
+        out += _backward(stage, num_stages, i)
+    for i in range(m - warmup, m):
+        out += _backward(stage, num_stages, i)
+    return out
+
+
+def stage_actions(
+    schedule: str,
+    stage: int,
+    num_stages: int,
+    num_micro_batches: int,
+    buckets: Sequence[int] = (),
+    optimizer: bool = True,
+) -> list[Action]:
+    """The whole program of one rank: its pipeline schedule, then a SYNC per bucket it owns (in
+    the order given), then the optimizer step."""
+    if schedule == "gpipe":
+        out = gpipe_actions(stage, num_stages, num_micro_batches)
+    elif schedule == "1f1b":
+        out = one_f_one_b_actions(stage, num_stages, num_micro_batches)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; expected 1f1b or gpipe")
+    out += [Action(stage, "SYNC", b) for b in buckets]
+    if optimizer:
+        out.append(Action(stage, "OPT"))
+    return out
+
+
+def format_actions(actions: Sequence[Action]) -> list[str]:
+    """The actions as short strings, for tests and debugging."""
+    return [str(a) for a in actions]
