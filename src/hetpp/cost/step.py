@@ -10,7 +10,7 @@ from hetpp.cost.memory import StageMemory, in_flight, stage_memory
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, Plan
+from hetpp.specs.plan import Estimate, Plan, grad_buckets
 from hetpp.specs.train import DTYPE_BYTES
 
 
@@ -129,16 +129,13 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
-    """Block-wise all-reduce: blocks merged by owner set, issued in block order, each starting
-    when all its owners are done with backward and free of earlier buckets."""
+    """Block-wise all-reduce in `grad_buckets` order, each bucket starting when all its owners
+    are done with backward and free of earlier buckets."""
     done = {s.device: s.done_s for s in stages}
-    grouped: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    for blk in plan.blocks():
-        grouped.setdefault(blk.owners, []).append(blk.layers)
     grad = cm.train.grad_bytes_per_param
     free = dict(done)
     out = []
-    for owners, blocks in grouped.items():
+    for owners, blocks in grad_buckets(plan):
         nbytes = sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks) * grad
         ready = max(done[o] for o in owners)
         start = max(ready, *(free[o] for o in owners))

@@ -69,7 +69,7 @@ def plan_programs(
     rank_of = {s.device: r for r, s in enumerate(stages)}
     collectives = []
     mine: dict[int, list[int]] = {r: [] for r in range(len(stages))}
-    # Buckets as step_cost forms them (merged by owner set, in block order, tied embedding last);
+    # Buckets as step_cost forms them (grad_buckets order: latest layers first, tied one last);
     # every owner joins them in that one order.
     for c, bucket in enumerate(sync_buckets(plan, cm, stages)):
         members = tuple(rank_of[d] for d in bucket.owners)

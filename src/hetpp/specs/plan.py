@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
@@ -224,6 +224,28 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
         owners = tuple(p.stages[p.stage_of_layer(a)].device for p in plan.pipelines)
         blocks.append(GradBlock(layers=(a, b), owners=owners))
     return tuple(blocks)
+
+
+class GradBucket(NamedTuple):
+    """Gradient blocks with one owner set, all-reduced as one flat buffer."""
+
+    owners: tuple[int, ...]
+    """Owning device per pipeline."""
+    blocks: tuple[tuple[int, int], ...]
+    """Layer ranges of the merged blocks, in layer order."""
+
+
+def grad_buckets(plan: Plan) -> tuple[GradBucket, ...]:
+    """Blocks merged by owner set, in the order every rank issues their all-reduces.
+
+    Buckets go latest layers first: backward ends with the first layers, so the buckets of the
+    last layers are ready first and their all-reduce overlaps the rest of the backward. One global
+    order keeps the collectives deadlock-free."""
+    grouped: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for blk in plan.blocks():
+        grouped.setdefault(blk.owners, []).append(blk.layers)
+    buckets = [GradBucket(owners, tuple(blocks)) for owners, blocks in grouped.items()]
+    return tuple(sorted(buckets, key=lambda b: -b.blocks[-1][0]))
 
 
 def load_plan(path: str | Path, cluster: Cluster | None = None) -> Plan:
