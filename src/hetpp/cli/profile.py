@@ -1,0 +1,94 @@
+"""`hetpp profile`: measure a model's layers on this machine's device into a profile CSV."""
+
+from __future__ import annotations
+
+import argparse
+
+from hetpp.specs.errors import SpecError
+
+EXAMPLES = """examples:
+  hetpp profile --model tiny-gpt --device cpu --seq-len 128 --out cpu.csv
+  hetpp profile --model gpt3-1.3b --device cuda --micro-batch-sizes 1,2,4,8 --gpu-name A100-80GB \\
+      --out a100.csv
+"""
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4; got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("micro-batch sizes must be positive integers")
+    return sizes
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="measure embedding, block and head times and memory on this device",
+        description="Time the runtime's own layer modules (forward, backward, kept activation "
+        "bytes) per micro-batch size and write a profile CSV the planner reads.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="preset name or model config file")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--micro-batch-sizes", type=_sizes, default=[1, 2, 4], metavar="1,2,4")
+    p.add_argument("--seq-len", type=int, help="default: the model's max_seq_len, at most 2048")
+    p.add_argument("--gpu-name", help="type name for the rows (default: CPU, or the CUDA name)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="default float32 on cpu, bfloat16 on cuda",
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (median taken)")
+    p.add_argument("--out", required=True, help="CSV file to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import Progress
+
+    from hetpp.profile.table import ProfileTable
+    from hetpp.runtime.profiler import KINDS, profile_model
+    from hetpp.specs.presets import load_model_config
+
+    config = load_model_config(args.model)
+    seq_len = args.seq_len or min(config.max_seq_len, 2048)
+    if not 1 <= seq_len <= config.max_seq_len:
+        raise SpecError(
+            f"must be in 1..{config.max_seq_len} (the model's max_seq_len)", field="--seq-len"
+        )
+    if args.repeats < 1:
+        raise SpecError("must be at least 1", field="--repeats")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("CUDA is not available on this machine", field="--device")
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    gpu = args.gpu_name or ("CPU" if args.device == "cpu" else torch.cuda.get_device_name(device))
+    total = len(KINDS) * len(args.micro_batch_sizes)
+    with Progress() as progress:
+        task = progress.add_task(f"profiling {config.name} on {gpu}", total=total)
+
+        def done(row):
+            progress.console.print(
+                f"{row.layer:9s} mbs {row.mbs:3d}: fwd {row.fwd_s * 1e3:8.3f} ms  "
+                f"bwd {row.bwd_s * 1e3:8.3f} ms  kept {row.act_bytes / 2**20:8.2f} MiB"
+            )
+            progress.advance(task)
+
+        rows = profile_model(
+            config,
+            gpu,
+            args.micro_batch_sizes,
+            seq_len,
+            device,
+            dtype,
+            repeats=args.repeats,
+            on_row=done,
+        )
+    ProfileTable(rows).save(args.out)
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0

@@ -1,0 +1,46 @@
+"""`hetpp train`: run a plan on this machine, one process per device in the plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hetpp.runtime.options import add_arguments, from_args
+from hetpp.specs.errors import SpecError
+
+EXAMPLES = """examples:
+  hetpp train --plan plan.json --steps 20 --metrics run.jsonl
+  hetpp train --plan plan.json --emulate --verify            # CPU box posing as the plan's cluster
+  hetpp train --plan plan.json --checkpoint-dir ckpt --resume --steps 100
+
+several nodes: run on each node (same plan file; rank r plays the plan's r-th device by id)
+  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m hetpp.train --plan plan.json --steps 20
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a plan: one local process per device (torchrun for several nodes)",
+        description="Execute a plan with torch.distributed pipelining on local ranks (gloo on "
+        "CPU, NCCL when there is a GPU per rank).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetpp.runtime.launch import launch
+    from hetpp.specs.plan import load_plan
+
+    opts = from_args(args)
+    plan = load_plan(opts.plan)
+    # Checked here so a bad input gives one message, not one per rank.
+    if opts.emulate and plan.cluster is None:
+        raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
+    if opts.data is not None and not Path(opts.data).is_file():
+        raise SpecError("file not found", file=opts.data, field="--data")
+    return launch(opts, plan.num_devices)

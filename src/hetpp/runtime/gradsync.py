@@ -1,0 +1,127 @@
+"""Block-wise gradient aggregation, the tied embedding/head weight, and global-norm clipping.
+
+Layer l lives on a different rank in each pipeline, so one flat all-reduce cannot work. The plan's
+gradient blocks each have one owner per pipeline; blocks with the same owners form one bucket,
+flattened and all-reduced (SUM) over the owners. The loss is already divided by the global token
+count, so the sum is the full-batch mean gradient.
+
+Overlap: during the last micro-batch's backward, a hook on every parameter counts the bucket's
+gradients as they become final; the bucket's all-reduce starts (asynchronously) when the last one
+does. Backward finishes the later layers first, so a rank starts its buckets in `grad_buckets`
+order (latest layers first), the one order every rank and the simulator use, which keeps the
+collectives deadlock-free.
+
+A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
+of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
+contributions together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hetpp.runtime.groups import Groups, bucket_ranks, tied_ranks
+from hetpp.runtime.model import StageModule
+from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
+from hetpp.specs.plan import Plan
+
+
+@dataclass
+class Bucket:
+    """This rank's part of one gradient bucket, and its reduction in flight."""
+
+    owners: tuple[int, ...]
+    """Owner ranks, one per pipeline."""
+    layers: tuple[tuple[int, int], ...]
+    """Layer ranges of the merged blocks."""
+    params: list[torch.nn.Parameter]
+    """This rank's parameters of those layers, in layer order (the same order on every owner)."""
+    waiting: int = 0
+    """Parameters whose final gradient has not arrived yet in this step's last backward."""
+    flat: torch.Tensor | None = None
+    work: dist.Work | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        spans = ", ".join(f"[{a}, {b})" for a, b in self.layers)
+        return f"gradient sync of layers {spans} with ranks {list(self.owners)}"
+
+
+class GradSync:
+    """This rank's share of the gradient reductions of a plan."""
+
+    def __init__(self, plan: Plan, rank: int, stage: StageModule, groups: Groups,
+                 device: torch.device):  # fmt: skip
+        self.groups, self.device = groups, device
+        tied = stage.tied_weight()
+        self.buckets: list[Bucket] = []
+        # Counted once for the norm: a block's grad is the same on all its owners after the sync,
+        # so only pipeline 0's owner adds it in (the tied weight with layer 0).
+        self.norm_params: list[torch.nn.Parameter] = []
+        for layers, owners in bucket_ranks(plan):
+            if rank not in owners:
+                continue
+            params = [p for a, b in layers for i in range(a, b) for _, p in stage.own_parameters(i)]
+            if owners[0] == rank:
+                self.norm_params += params
+            params = [p for p in params if p is not tied]
+            if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
+                self.buckets.append(Bucket(owners, layers, params))
+        holders = tied_ranks(plan)
+        self.tied = tied if tied is not None and len(holders) > 1 else None
+        self.tied_holders = holders
+        self.armed = False
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.register_post_accumulate_grad_hook(lambda _, b=bucket: self._arrived(b))
+
+    def arm(self) -> None:
+        """Called just before this step's last backward: from now on, gradients are final."""
+        self.armed = True
+        for b in self.buckets:
+            b.waiting, b.flat, b.work = len(b.params), None, None
+
+    def _arrived(self, bucket: Bucket) -> None:
+        if self.armed:
+            bucket.waiting -= 1
+            if bucket.waiting == 0:
+                self._start(bucket)
+
+    def _start(self, b: Bucket) -> None:
+        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)])
+        b.work = dist.all_reduce(b.flat, group=self.groups.reduce_group(b.owners), async_op=True)
+
+    def sync(self, note: Callable[[str], None]) -> None:
+        """Finish the step's reductions: start what backward has not (the tied weight; a bucket
+        with a parameter that got no gradient), then wait for all and copy the sums back. `note`
+        is told which reduction is being waited for (failure messages name it)."""
+        self.armed = False
+        for b in self.buckets:
+            if b.work is None:
+                self._start(b)
+        tied_work = None
+        if self.tied is not None:
+            group = self.groups.reduce_group(self.tied_holders)
+            tied_work = dist.all_reduce(grads_of([self.tied])[0], group=group, async_op=True)
+        for b in self.buckets:
+            note(b.describe())
+            b.work.wait()
+            grads = grads_of(b.params)
+            for g, part in zip(grads, b.flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+            b.flat = b.work = None
+        if tied_work is not None:
+            note(f"tied-weight sync with ranks {list(self.tied_holders)}")
+            tied_work.wait()
+
+    def clip(self, max_norm: float, stage: StageModule) -> float:
+        """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before."""
+        local = squared_norm(self.norm_params, self.device)
+        dist.all_reduce(local)
+        norm = math.sqrt(local.item())
+        scale_grads(stage.parameters(), clip_coefficient(norm, max_norm))
+        return norm

@@ -1,0 +1,109 @@
+"""Per-step measurements, the JSONL log, and the measured summary a report sets beside a prediction.
+
+No torch here: `summarize` and `load_metrics` work on a metrics file anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetrics:
+    """One optimizer step, as measured on every rank and gathered to rank 0."""
+
+    step: int
+    """Step number after this step (1 for the first step of a fresh run)."""
+    loss: float
+    """Mean token cross-entropy over the global batch (before the update)."""
+    step_s: float
+    """Wall time of the step: the slowest rank, from the start of the step to after its update."""
+    samples_per_s: float
+    tokens_per_s: float
+    grad_norm: float | None
+    """Global gradient norm before clipping (None when not clipping)."""
+    compute_s: tuple[float, ...]
+    """Per rank: forward/backward compute (stretched when emulating) and the optimizer update."""
+    wait_s: tuple[float, ...]
+    """Per rank: time in the pipeline schedule not spent computing (P2P waits, bubbles)."""
+    comm_s: tuple[float, ...]
+    """Per rank: gradient and tied-weight sync and the clipping all-reduce, including the wait for
+    the other owners (other pipelines) to finish their backward."""
+
+
+def summarize(records: list[StepMetrics], skip_first: bool = True) -> dict[str, Any]:
+    """The measured summary of a run: medians over steps (the first step, which includes one-off
+    set-up such as the pipeline's shape inference, is left out when there are others)."""
+    steady = records[1:] if skip_first and len(records) > 1 else records
+    n = len(steady[0].compute_s)
+
+    def per_rank(field: str) -> list[float]:
+        return [statistics.median(getattr(r, field)[k] for r in steady) for k in range(n)]
+
+    return {
+        "steps": len(records),
+        "final_loss": records[-1].loss,
+        "step_time_s": statistics.median(r.step_s for r in steady),
+        "samples_per_s": statistics.median(r.samples_per_s for r in steady),
+        "tokens_per_s": statistics.median(r.tokens_per_s for r in steady),
+        "compute_s": per_rank("compute_s"),
+        "wait_s": per_rank("wait_s"),
+        "comm_s": per_rank("comm_s"),
+    }
+
+
+class MetricsLog:
+    """Appends one JSON object per step to a file (flushed, so a crash keeps finished steps)."""
+
+    def __init__(self, path: str | Path | None, append: bool):
+        self.records: list[StepMetrics] = []
+        self._file = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
+
+    def add(self, m: StepMetrics) -> None:
+        self.records.append(m)
+        if self._file is not None:
+            self._file.write(json.dumps(asdict(m)) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def load_metrics(path: str | Path) -> list[StepMetrics]:
+    """Read a metrics JSONL file back."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        d = json.loads(line)
+        d.update({k: tuple(d[k]) for k in ("compute_s", "wait_s", "comm_s")})
+        out.append(StepMetrics(**d))
+    return out
+
+
+def print_summary(records: list[StepMetrics], devices: list[int]) -> None:
+    """A rich table of the summary: throughput and, per rank, where its time went."""
+    s = summarize(records)
+    console = Console()
+    console.print(
+        f"[bold]{s['steps']} steps[/]: median step {s['step_time_s'] * 1e3:.1f} ms, "
+        f"{s['samples_per_s']:.1f} samples/s, {s['tokens_per_s']:.0f} tokens/s, "
+        f"final loss {s['final_loss']:.4f}"
+    )
+    table = Table(title="median seconds per step, per rank")
+    for col in ("rank", "device", "compute", "wait", "comm"):
+        table.add_column(col, justify="right")
+    for r, d in enumerate(devices):
+        table.add_row(
+            str(r), str(d), *(f"{s[k][r]:.4f}" for k in ("compute_s", "wait_s", "comm_s"))
+        )
+    console.print(table)

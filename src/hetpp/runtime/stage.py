@@ -1,0 +1,59 @@
+"""The pipeline stage hetpp runs: it times compute, stretches it in emulation, and tells the
+gradient sync when the step's last backward begins.
+
+How: `PipelineStage.forward_one_chunk` / `backward_one_chunk` are the two calls in which a schedule
+runs this stage's compute for one micro-batch (receives and sends happen around them). The subclass
+times each call and, when emulating, then sleeps `compute * (factor - 1)`, so the micro-batch takes
+`factor x` its compute time, as it would on a device `factor x` slower. `compute` is the calling
+thread's CPU time (one intra-op thread per rank, as the launcher sets on a shared CPU). Sleeping
+(not spinning) leaves the CPU to the other ranks of the box. It is a test and demo harness, not
+a model of a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that accumulates its compute seconds in `compute_s`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        slowdown: float = 1.0,
+        before_last_backward: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.slowdown = slowdown
+        """Emulated slowdown factor (1: run at the speed of this machine)."""
+        self.before_last_backward = before_last_backward
+        """Called when the schedule starts the step's last backward (gradients become final)."""
+        self.compute_s = 0.0
+        """Seconds of (stretched) forward and backward compute since the last reset."""
+
+    def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        out = fn(*args, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # kernels are asynchronous; time their completion
+        if self.slowdown > 1.0:
+            # Stretch by this thread's CPU time, not wall time: on a shared CPU, time spent
+            # descheduled while other ranks run would otherwise be multiplied by the factor too.
+            time.sleep((time.thread_time() - cpu0) * (self.slowdown - 1.0))
+        self.compute_s += time.perf_counter() - t0
+        return out
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("last_backward") and self.before_last_backward is not None:
+            self.before_last_backward()
+        return self._timed(super().backward_one_chunk, *args, **kwargs)

@@ -1,0 +1,117 @@
+"""Forked gloo workers for the runtime tests, and small plan builders (imported by test_dist_*.py).
+
+Workers are forked from the test process after torch is imported (cheap: no re-import), run with
+one thread each (a forked child must not use the parent's OpenMP pool), and are always reaped.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetpp.runtime.launch import free_port
+from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.trainer import Activity, DistEnv, RunResult, run
+from hetpp.specs import PRESETS, Cluster, PipelinePlan, Plan, StagePlan
+from hetpp.specs.plan import load_plan
+
+TIMEOUT_S = 60.0
+
+
+def cluster(num_devices: int = 8) -> Cluster:
+    """`num_devices` A100s on two nodes."""
+    per_node = (num_devices + 1) // 2
+    return Cluster.model_validate(
+        {
+            "name": "test",
+            "nodes": [
+                {"gpu": "A100-80GB", "gpus_per_node": per_node, "count": 2, "intra_node_GBps": 300}
+            ],
+            "inter_node_GBps": 25,
+        }
+    )
+
+
+def pipeline(devices: list[int], cuts: list[int], mbs: int, m: int) -> PipelinePlan:
+    """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1])."""
+    stages = tuple(
+        StagePlan(devices=(d,), layers=(a, b)) for d, a, b in zip(devices, cuts[:-1], cuts[1:])
+    )
+    return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m)
+
+
+def make_plan(
+    model: str, pipelines: list[PipelinePlan], schedule: str = "1f1b", seq_len: int = 16
+) -> Plan:
+    return Plan(
+        global_batch=sum(p.batch for p in pipelines),
+        seq_len=seq_len,
+        schedule=schedule,
+        pipelines=tuple(pipelines),
+        model=PRESETS[model],
+        cluster=cluster(),
+    ).validate_plan()
+
+
+def _train_rank(rank: int, world: int, init: str, plan_path: str, kw: dict) -> RunResult:
+    env = DistEnv(
+        rank=rank, world_size=world, local_rank=rank, local_world_size=world, init_method=init
+    )
+    return run(load_plan(plan_path), TrainOptions(plan=plan_path, **kw), env, Activity())
+
+
+def _child(q: Any, rank: int, world: int, init: str, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    try:
+        q.put((rank, True, fn(rank, world, init, *args)))
+    except BaseException:
+        q.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout_s: float = TIMEOUT_S) -> list[Any]:
+    """Fork `world` workers running fn(rank, world, init_method, *args); their return values in
+    rank order. Raises with the traceback of the first worker that fails."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_child, args=(q, r, world, init, fn, args)) for r in range(world)]
+    results: dict[int, Any] = {}
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while len(results) < world:
+            try:
+                rank, ok, value = q.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"ranks {sorted(set(range(world)) - set(results))} did not "
+                    f"finish within {timeout_s} s"
+                ) from None
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+        for p in procs:
+            p.join(timeout=timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    return [results[r] for r in range(world)]
+
+
+def train(plan: Plan, tmp: Path, **kw: Any) -> list[RunResult]:
+    """Train `plan` on forked ranks (options `kw`); every rank's RunResult."""
+    path = tmp / f"plan-{os.getpid()}-{time.monotonic_ns()}.json"
+    plan.save(path)
+    kw.setdefault("timeout_s", TIMEOUT_S)
+    return run_ranks(_train_rank, plan.num_devices, str(path), kw)

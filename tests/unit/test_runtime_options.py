@@ -1,0 +1,76 @@
+"""Training options: the launcher's argv reproduces them; bad values name the flag."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from hetpp.runtime.options import TrainOptions, add_arguments, from_args
+from hetpp.specs import SpecError
+
+
+def _parse(argv: list[str]) -> TrainOptions:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return from_args(p.parse_args(argv))
+
+
+def test_argv_round_trip():
+    opts = TrainOptions(
+        plan="p.json",
+        steps=7,
+        data="d.txt",
+        dtype="float64",
+        optimizer="sgd",
+        lr=0.5,
+        clip_grad=1.0,
+        emulate=True,
+        verify=True,
+        verify_tol=1e-3,
+        checkpoint_dir="ck",
+        checkpoint_every=2,
+        resume=True,
+        metrics="m.jsonl",
+        timeout_s=12.5,
+        weight_decay=0.1,
+        seed=3,
+    )
+    assert _parse(opts.to_argv()) == opts
+    assert _parse(["--plan", "p.json"]) == TrainOptions(plan="p.json")
+
+
+def test_default_verify_tolerance_follows_the_dtype():
+    assert TrainOptions(plan="p").tolerance == 1e-5
+    assert TrainOptions(plan="p", dtype="float64").tolerance == 1e-10
+    assert TrainOptions(plan="p", verify_tol=0.1).tolerance == 0.1
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--lr", "-1"], "--lr"),
+        (["--clip-grad", "0"], "--clip-grad"),
+        (["--resume"], "--resume"),
+        (["--timeout-s", "0"], "--timeout-s"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    ],
+)
+def test_bad_values_name_the_flag(argv, flag):
+    with pytest.raises(SpecError, match=flag):
+        _parse(["--plan", "p.json", *argv])
+
+
+def test_command_registration_does_not_import_torch():
+    code = (
+        "import sys, argparse\n"
+        "import hetpp.cli.train, hetpp.cli.profile, hetpp.runtime.launch, hetpp.runtime.metrics\n"
+        "sub = argparse.ArgumentParser().add_subparsers()\n"
+        "hetpp.cli.train.register(sub); hetpp.cli.profile.register(sub)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
