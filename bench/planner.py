@@ -1,0 +1,216 @@
+"""Planner benchmark: every strategy on a suite of heterogeneous clusters and models.
+
+    .venv/bin/python bench/planner.py [--quick] [--out docs/benchmarks-planner.md]
+
+The suite (`bench/scenarios/suite.yaml`) lists cluster files and a global batch for each; every
+cluster runs every model. Per scenario it prints each strategy's throughput, hpp's speed-up over
+each baseline, every search time, and hpp's throughput as a fraction of the physical limit
+(every device training the whole model alone at its own speed, from the same layer costs: no
+bubbles, no communication, memory ignored). Every strategy plans on a fresh problem, so no search
+profits from another's caches. `--quick` runs the scenarios marked quick with one model (the
+smoke test's mode). `--out` writes the results as Markdown with the command that made them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from hetpp.planner import Problem, physical_limit_samples_per_s, plan
+from hetpp.planner.oracle import MAX_DEVICES
+from hetpp.specs import TrainSpec, load_cluster, load_model
+
+HERE = Path(__file__).parent
+BASELINES = ("uniform", "layer-balanced", "data-balanced")
+NOTES = "## Reading the results"
+
+
+def scenarios(quick: bool) -> list[tuple[Path, str, int, int]]:
+    """(cluster file, model, global batch, seq len) for every scenario of the suite."""
+    suite = yaml.safe_load((HERE / "scenarios" / "suite.yaml").read_text())
+    models = suite["models"][:1] if quick else suite["models"]
+    out = []
+    for s in suite["scenarios"]:
+        if quick and not s.get("quick"):
+            continue
+        for m in models:
+            out.append((HERE / "scenarios" / s["cluster"], m, s["global_batch"], suite["seq_len"]))
+    return out
+
+
+def run_one(cluster_file: Path, model: str, batch: int, seq: int, oracle: bool) -> dict:
+    cluster = load_cluster(cluster_file)
+    spec = load_model(model, seq)
+
+    def problem() -> Problem:
+        return Problem(spec, cluster, TrainSpec(global_batch=batch, seq_len=seq))
+
+    row = {
+        "cluster": cluster.name,
+        "gpus": cluster.num_devices,
+        "types": len({d.gpu.name for d in cluster.devices}),
+        "model": model,
+        "batch": batch,
+        "limit": physical_limit_samples_per_s(problem()),
+    }
+    names = [*BASELINES, "hpp"] + (
+        ["oracle"] if oracle and cluster.num_devices <= MAX_DEVICES else []
+    )
+    for name in names:
+        t0 = time.perf_counter()
+        r = plan(problem(), name)
+        row[name] = {
+            "tput": r.throughput_samples_per_s,
+            "search": time.perf_counter() - t0,
+            "pipelines": len(r.plan.pipelines) if r.plan else 0,
+            "devices": r.plan.num_devices if r.plan else 0,
+            "origin": r.note.split(" plan was")[0].removeprefix("the ") if r.note else "hpp",
+        }
+    return row
+
+
+def speedups(row: dict) -> dict[str, float]:
+    """hpp's throughput over each baseline's (inf where the baseline found no plan)."""
+    h = row["hpp"]["tput"]
+    return {b: (h / row[b]["tput"] if row[b]["tput"] > 0 else float("inf")) for b in BASELINES}
+
+
+def _secs(v: float) -> str:
+    return "(none run)" if v != v else f"{v:.2f} s"
+
+
+def _x(v: float) -> str:
+    return "no plan" if v == float("inf") else f"{v:.2f}x"
+
+
+def print_row(row: dict) -> None:
+    sp = speedups(row)
+    h = row["hpp"]
+    parts = [
+        f"{b} {row[b]['tput']:.1f}/s ({sp[b]:.2f}x, {row[b]['search']:.2f}s)" for b in BASELINES
+    ]
+    line = (
+        f"{row['cluster']:>13} {row['model']:>10} B={row['batch']:<5} hpp {h['tput']:.1f}/s "
+        f"({h['search']:.2f}s, {h['tput'] / row['limit']:.0%} of limit) | " + " | ".join(parts)
+    )
+    if "oracle" in row:
+        line += f" | oracle {row['oracle']['tput']:.1f}/s"
+    print(line, flush=True)
+
+
+def summary(rows: list[dict]) -> dict:
+    best = [min(speedups(r).values()) for r in rows]
+    frac = [r["hpp"]["tput"] / r["limit"] for r in rows]
+
+    def search(n: int) -> list[float]:
+        return [r["hpp"]["search"] for r in rows if r["gpus"] == n]
+
+    return {
+        "speedup_median": statistics.median(best),
+        "speedup_max": max(best),
+        "frac_median": statistics.median(frac),
+        "frac_min": min(frac),
+        "frac_max": max(frac),
+        "search_64": max(search(64), default=float("nan")),
+        "search_1024": max(search(1024), default=float("nan")),
+        "oracle": [(r["hpp"]["tput"], r["oracle"]["tput"]) for r in rows if "oracle" in r],
+    }
+
+
+def markdown(rows: list[dict], s: dict, command: str) -> str:
+    lines = [
+        "# Planner benchmarks",
+        "",
+        "Every strategy plans the same model, batch and cluster with the same cost model; the "
+        "throughput is the cost model's full step (pipelines, block-wise gradient sync, "
+        "optimizer) for the plan each returns. *Limit* is the physical limit: every device "
+        "training the whole model alone at its own speed (same layer costs; no bubbles, no "
+        "communication, memory ignored). Speed-ups are hpp's throughput over the baseline's. "
+        "Search times are wall-clock seconds of each strategy's whole search (hpp's includes "
+        "running the three baselines, whose plans it keeps when they are best).",
+        "",
+        f"Measured on {platform.machine()} with {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, with:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "## Summary",
+        "",
+        f"- hpp over the best baseline: median {s['speedup_median']:.2f}x, "
+        f"max {s['speedup_max']:.2f}x ({len(rows)} scenarios).",
+        f"- hpp throughput as a fraction of the physical limit: median {s['frac_median']:.0%} "
+        f"(min {s['frac_min']:.0%}, max {s['frac_max']:.0%}).",
+        f"- hpp search time, slowest scenario: {_secs(s['search_64'])} at 64 GPUs, "
+        f"{_secs(s['search_1024'])} at 1024 GPUs.",
+    ]
+    if s["oracle"]:
+        worst = max(abs(h / o - 1) for h, o in s["oracle"])
+        lines.append(
+            f"- hpp against the exhaustive oracle (clusters of at most {MAX_DEVICES} GPUs): "
+            f"largest throughput difference {worst:.2%} over {len(s['oracle'])} scenarios."
+        )
+    lines += [
+        "",
+        "## Scenarios",
+        "",
+        "*hpp plan*: `own` when hpp's own search found the best plan, else the baseline whose "
+        "plan it kept. *no plan*: the baseline found nothing that fits.",
+        "",
+        "| cluster | GPUs | types | model | batch | hpp samples/s | % of limit | vs uniform "
+        "| vs layer-bal. | vs data-bal. | hpp plan | hpp search | baseline searches (u/l/d) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sp = speedups(r)
+        h = r["hpp"]
+        lines.append(
+            f"| {r['cluster']} | {r['gpus']} | {r['types']} | {r['model']} | {r['batch']} | "
+            f"{h['tput']:.1f} | {h['tput'] / r['limit']:.0%} | {_x(sp['uniform'])} | "
+            f"{_x(sp['layer-balanced'])} | {_x(sp['data-balanced'])} | "
+            f"{'own' if h['origin'] == 'hpp' else h['origin']} | {h['search']:.2f} s | "
+            + "/".join(f"{r[b]['search']:.2f}" for b in BASELINES)
+            + " s |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the quick scenarios, one model")
+    ap.add_argument("--out", help="write Markdown results here")
+    ap.add_argument("--no-oracle", action="store_true", help="skip the oracle on small clusters")
+    args = ap.parse_args(argv)
+    rows = []
+    for cluster_file, model, batch, seq in scenarios(args.quick):
+        rows.append(run_one(cluster_file, model, batch, seq, not args.no_oracle))
+        print_row(rows[-1])
+    s = summary(rows)
+    print(
+        f"hpp over the best baseline: median {s['speedup_median']:.2f}x, max "
+        f"{s['speedup_max']:.2f}x; fraction of the physical limit: median "
+        f"{s['frac_median']:.0%}; slowest hpp search: {_secs(s['search_64'])} at 64 GPUs, "
+        f"{_secs(s['search_1024'])} at 1024 GPUs"
+    )
+    if args.out:
+        command = ".venv/bin/python bench/planner.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        out = Path(args.out)
+        # Hand-written notes after NOTES survive a rerun.
+        notes = out.read_text().partition(NOTES)[2] if out.exists() else ""
+        out.write_text(markdown(rows, s, command.strip()) + (f"\n{NOTES}{notes}" if notes else ""))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""From chosen pipelines to a Plan: concrete costs, data balance, the full cost, the result."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hetpp.cost.comm import p2p_time_s
+from hetpp.cost.memory import stage_memory
+from hetpp.cost.step import StepCost, step_cost
+from hetpp.planner.balance import Kind, allocate
+from hetpp.planner.placement import place
+from hetpp.planner.problem import Problem
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost, closed_form
+from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+
+
+@dataclass(frozen=True)
+class Pipe:
+    """One concrete pipeline: a device per stage and the layer cut points."""
+
+    devices: tuple[int, ...]
+    bounds: tuple[int, ...]
+
+
+@dataclass
+class PlanResult:
+    """What a strategy returns: its best plan with the full cost, or why there is none."""
+
+    strategy: str
+    plan: Plan | None
+    step: StepCost | None
+    search_time_s: float = 0.0
+    note: str = ""
+    """Why the strategy found nothing, or what it could not do."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan is not None and self.step is not None
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.step.iteration_time_s if self.step else float("inf")
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.step.throughput_samples_per_s if self.step else 0.0
+
+    def final_plan(self) -> Plan | None:
+        """The plan with grad blocks and the estimate (incl. search time) filled in."""
+        if self.plan is None or self.step is None:
+            return None
+        return self.plan.with_derived(estimate=self.step.estimate(self.search_time_s))
+
+    def entry(self) -> dict[str, Any]:
+        """One row of `hetpp compare --json`."""
+        plan = self.final_plan()
+        return {
+            "strategy": self.strategy,
+            "feasible": self.feasible,
+            "iteration_time_s": self.iteration_time_s if self.feasible else None,
+            "throughput_samples_per_s": self.throughput_samples_per_s if self.feasible else None,
+            "search_time_s": self.search_time_s,
+            "note": self.note,
+            "plan": plan.model_dump(mode="json", exclude_none=True) if plan else None,
+        }
+
+
+def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
+    """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
+    cm = problem.cost_model(recompute)
+    cl = problem.cluster
+    costs = [cm.layer_costs(cl.gpu(d), mbs) for d in pipe.devices]
+    spans = list(itertools.pairwise(pipe.bounds))
+    fwd = [c.fwd(a, b) for c, (a, b) in zip(costs, spans)]
+    bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
+    comm = [
+        p2p_time_s(c.send_bytes[b - 1], cl.link(d, nxt))
+        for c, (_, b), d, nxt in zip(costs, spans, pipe.devices, pipe.devices[1:])
+    ]
+    fill, beat = closed_form(fwd, bwd, comm, problem.schedule)
+    if problem.schedule == "gpipe":
+        hi = min(
+            _gpipe_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
+            for c, (a, b), d in zip(costs, spans, pipe.devices)
+        )
+        return Kind(fill, beat, 1, hi)
+    return Kind(fill, beat, len(pipe.devices), UNBOUNDED)
+
+
+def _gpipe_cap(problem, recompute, costs, a, b, capacity) -> int:
+    cm = problem.cost_model(recompute)
+    base = stage_memory(cm.model, cm.train, costs, a, b, 0).total
+    per = costs.saved(a, b)
+    if base + per > capacity:
+        return 0
+    return int((capacity - base) // per) if per > 0 else UNBOUNDED
+
+
+def build_plan(
+    problem: Problem,
+    recompute: bool,
+    mbs: int,
+    pipes: Sequence[Pipe],
+    strategy: str,
+    micro_batches: Sequence[int] | None = None,
+) -> Plan | None:
+    """A Plan of these pipelines; micro-batch counts from data balance unless given.
+    None if the global batch cannot be split over them."""
+    total = problem.global_batch // mbs
+    if micro_batches is None:
+        groups: dict[Kind, list[int]] = {}
+        for i, p in enumerate(pipes):
+            groups.setdefault(pipe_kind(problem, recompute, mbs, p), []).append(i)
+        kinds = [replace(k, count=len(v)) for k, v in groups.items()]
+        got = allocate(kinds, total)
+        if got is None:
+            return None
+        counts = [0] * len(pipes)
+        for ms, idx in zip(got[1], groups.values()):
+            for m, i in zip(ms, idx):
+                counts[i] = m
+        micro_batches = counts
+    if sum(micro_batches) != total or any(m < 1 for m in micro_batches):
+        return None
+    pipelines = tuple(
+        PipelinePlan(
+            stages=tuple(
+                StagePlan(devices=(d,), layers=(a, b))
+                for d, (a, b) in zip(p.devices, itertools.pairwise(p.bounds))
+            ),
+            micro_batch_size=mbs,
+            num_micro_batches=m,
+        )
+        for p, m in zip(pipes, micro_batches)
+    )
+    return Plan(pipelines=pipelines, strategy=strategy, **problem.plan_fields(recompute))
+
+
+def evaluate(problem: Problem, plan: Plan) -> StepCost:
+    """The full cost of a plan (the ranking every strategy uses)."""
+    return step_cost(plan, problem.cost_model(plan.recompute))
+
+
+def unused_devices(problem: Problem, plan: Plan) -> list[int]:
+    """Devices no pipeline uses (too small or too slow to help, or left over)."""
+    used = {d for p in plan.pipelines for s in p.stages for d in s.devices}
+    return [d.id for d in problem.cluster.devices if d.id not in used]
+
+
+@dataclass
+class Candidate:
+    """A plan in the making: pipelines on devices, with the search's estimate of its time."""
+
+    estimate_s: float
+    recompute: bool
+    mbs: int
+    pipes: list[Pipe]
+    micro_batches: list[int] | None = None
+    """Fixed counts (equal-batch baselines); None: data balance decides."""
+
+
+def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -> list[Pipe] | None:
+    """Place `count` copies of each template on devices; None if they do not fit the cluster."""
+    templates = [t for t, n in layout for _ in range(n)]
+    placed = place(problem, [t.runs for t in templates])
+    if placed is None:
+        return None
+    return [Pipe(devices, t.bounds) for t, devices in zip(templates, placed)]
+
+
+def best_candidate(
+    problem: Problem, candidates: Sequence[Candidate], strategy: str, top: int = 2
+) -> tuple[Plan, StepCost] | None:
+    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
+    best: tuple[Plan, StepCost] | None = None
+    tried = 0
+    for c in sorted(candidates, key=lambda c: c.estimate_s):
+        if tried >= top:
+            break
+        plan = build_plan(problem, c.recompute, c.mbs, c.pipes, strategy, c.micro_batches)
+        if plan is None:
+            continue
+        tried += 1
+        step = evaluate(problem, plan)
+        if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
+            best = (plan, step)
+    return best
+
+
+def layout_key(layout: Sequence[tuple[TemplateCost, int]]) -> tuple:
+    """Identity of a layout (templates and their counts, order-free)."""
+    return tuple(sorted((t.runs, t.bounds, n) for t, n in layout))
+
+
+class Incumbent:
+    """The best plan so far, and the bound it sets: new layouts are ranked by the full cost."""
+
+    def __init__(self, problem: Problem, strategy: str):
+        self.problem = problem
+        self.strategy = strategy
+        self.result: PlanResult | None = None
+        self._seen: set[tuple] = set()
+
+    @property
+    def bound(self) -> float:
+        """Full cost of the best plan so far (inf before the first)."""
+        return self.result.iteration_time_s if self.result else math.inf
+
+    def offer_result(self, r: PlanResult) -> None:
+        """Keep a finished result if it is the fastest so far."""
+        if r.feasible and r.iteration_time_s < self.bound:
+            self.result = r
+
+    def offer(
+        self, ctx: ShapeContext, layouts: Sequence[Sequence[tuple[TemplateCost, int]]]
+    ) -> None:
+        """Place, balance and cost each layout (once); keep the fastest."""
+        cands = []
+        for layout in layouts:
+            key = (ctx.recompute, ctx.mbs, layout_key(layout))
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            pipes = layout_pipes(self.problem, layout)
+            if pipes is not None:
+                cands.append(Candidate(0.0, ctx.recompute, ctx.mbs, pipes))
+        got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
+        if got:
+            self.offer_result(PlanResult(self.strategy, got[0], got[1]))

@@ -1,0 +1,202 @@
+"""Baselines in the same tool: same cost model, same plan format, same final ranking.
+
+- `uniform` (Megatron-style): identical pipelines over the devices in id order (stage s of
+  pipeline p on device s*P + p), equal layers per stage, equal batch per pipeline.
+- `layer-balanced` (Metis/AMP-style): identical mixed-type pipelines (each takes N_t/P devices
+  of every type), layers split by speed and memory, equal batch.
+- `data-balanced` (Whale/Oobleck-style): one GPU type per pipeline, one depth per type, equal
+  layers per stage, batch shares balanced across pipelines.
+Each searches its own knobs (depth or pipeline count, micro-batch size, recomputation) by the
+closed form and ranks its best few with the full cost, like `hpp`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hetpp.planner.assemble import (
+    Candidate,
+    Pipe,
+    PlanResult,
+    best_candidate,
+    layout_pipes,
+    pipe_kind,
+)
+from hetpp.planner.balance import capacities
+from hetpp.planner.bounds import ideal_time_bound
+from hetpp.planner.layout import Layout, min_time
+from hetpp.planner.partition import equal_bounds
+from hetpp.planner.problem import Problem
+from hetpp.planner.shapes import ShapeContext, Workspace, template_arrays
+
+
+def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
+    """Identical pipelines in device-id order, equal layers, equal batch."""
+    t0 = time.perf_counter()
+    ws = ws or Workspace(problem)
+    n, layers = problem.cluster.num_devices, problem.num_layers
+    cands: list[Candidate] = []
+    for rc, mbs in _settings(problem, ws):
+        if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
+            continue
+        ctx = ws.context(rc, mbs)
+        total = problem.global_batch // mbs
+        fitting = 0
+        for depth in range(1, min(n, layers) + 1):
+            lo = depth if problem.schedule == "1f1b" else 1
+            p = next((p for p in range(n // depth, 0, -1) if total % p == 0), 0)
+            if not p or total // p < lo:
+                continue
+            bounds = equal_bounds(layers, depth)
+            pipes = [Pipe(tuple(s * p + q for s in range(depth)), bounds) for q in range(p)]
+            est = _equal_batch_time(ctx, pipes, total // p)
+            if est is not None:
+                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+                fitting += 1
+            if fitting > DEPTHS:
+                break  # deeper: more bubbles for less gradient sync; a few are enough
+    return _result(problem, "uniform", cands, t0)
+
+
+def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
+    """P identical mixed pipelines of N_t // P devices of each type, DP split, equal batch."""
+    t0 = time.perf_counter()
+    ws = ws or Workspace(problem)
+    cands: list[Candidate] = []
+    for rc, mbs in _settings(problem, ws):
+        if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
+            continue
+        ctx = ws.context(rc, mbs)
+        total = problem.global_batch // mbs
+        for p in range(1, problem.cluster.num_devices + 1):
+            comp = tuple(c // p for c in ctx.counts)
+            depth = sum(comp)
+            if depth == 0:
+                break
+            lo = depth if problem.schedule == "1f1b" else 1
+            if total % p or total // p < lo or depth > problem.num_layers:
+                continue
+            tmpl = ctx.best(comp)
+            if tmpl is None:
+                continue
+            pipes = layout_pipes(problem, [(tmpl, p)])
+            est = _equal_batch_time(ctx, pipes, total // p) if pipes else None
+            if est is not None:
+                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+    return _result(problem, "layer-balanced", cands, t0)
+
+
+def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
+    """Homogeneous pipelines, one depth per GPU type, equal layers, balanced batch shares."""
+    t0 = time.perf_counter()
+    ws = ws or Workspace(problem)
+    cands = []
+    for rc, mbs in ws.settings():
+        ctx = ws.context(rc, mbs)
+        total = problem.global_batch // mbs
+        items = {}
+        for key, count in zip(ctx.keys, ctx.counts):
+            depths = range(1, min(count, problem.num_layers) + 1)
+            found = [
+                ctx.with_bounds(((key, d),), equal_bounds(problem.num_layers, d)) for d in depths
+            ]
+            items[key] = (count, [t for t in found if t is not None])
+        got = min_time(_one_depth_per_type(items, total, problem.schedule), total, use_tail=False)
+        if got is None:
+            continue
+        t, layout = got
+        pipes = layout_pipes(problem, layout)
+        if pipes:
+            cands.append(Candidate(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
+    return _result(problem, "data-balanced", cands, t0)
+
+
+def _settings(problem: Problem, ws: Workspace) -> list[tuple[bool, int]]:
+    """Settings in order of their optimistic bound (skipped once it exceeds the best found)."""
+    return sorted(ws.settings(), key=lambda s: ideal_time_bound(problem, *s))
+
+
+def _one_depth_per_type(
+    items, total: int, schedule: str
+) -> Callable[[float], tuple[float, Layout]]:
+    """Solver for `min_time`: each type builds as many pipelines as it can of the one depth that
+    runs the most micro-batches by time t (devices in use capped by the batch under 1F1B)."""
+
+    def solve(t: float) -> tuple[float, Layout]:
+        value, layout, used = 0.0, [], 0
+        for count, templates in items.values():
+            if not templates:
+                continue
+            a = template_arrays(templates)
+            caps = capacities(t, a["fill"], a["beat"], a["lo"], np.minimum(a["hi"], total))
+            n = np.array([count // x.num_stages for x in templates])
+            best = int(np.argmax(caps * n))
+            if caps[best] > 0:
+                value += float(caps[best] * n[best])
+                layout.append((templates[best], int(n[best])))
+                used += int(n[best]) * templates[best].num_stages
+        if schedule == "1f1b" and used > total:
+            return -1.0, []
+        return value, layout
+
+    return solve
+
+
+def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | None:
+    """Slowest pipeline with m micro-batches each (None if any does not fit memory)."""
+    problem = ctx.problem
+    seen: dict[tuple, float] = {}
+    worst = 0.0
+    for pipe in pipes:
+        sig = _signature(problem, pipe)
+        if sig not in seen:
+            runs = _runs(sig[0])
+            tmpl = ctx.with_bounds(runs, pipe.bounds) if runs else None
+            if tmpl is None:
+                return None
+            kind = pipe_kind(problem, ctx.recompute, ctx.mbs, pipe)
+            if not kind.lo <= m <= kind.hi:
+                return None
+            seen[sig] = kind.time(m) + tmpl.tail_s
+        worst = max(worst, seen[sig])
+    return worst
+
+
+def _signature(problem: Problem, pipe: Pipe) -> tuple:
+    cl = problem.cluster
+    keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
+    links = tuple(cl.link(a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
+    return keys, links
+
+
+def _runs(keys: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    out: list[list] = []
+    for k in keys:
+        if out and out[-1][0] == k:
+            out[-1][1] += 1
+        else:
+            out.append([k, 1])
+    return tuple((k, n) for k, n in out)
+
+
+def _result(problem: Problem, strategy: str, cands: list[Candidate], t0: float) -> PlanResult:
+    best = best_candidate(problem, cands, strategy)
+    elapsed = time.perf_counter() - t0
+    if best is None:
+        return PlanResult(strategy, None, None, elapsed, "no plan of this kind fits")
+    return PlanResult(strategy, best[0], best[1], elapsed)
+
+
+DEPTHS = 6
+"""Baselines try this many memory-feasible depths past the first (deeper ones only add bubbles
+in exchange for less gradient sync)."""
+
+BASELINES: dict[str, Callable[..., PlanResult]] = {
+    "uniform": uniform,
+    "layer-balanced": layer_balanced,
+    "data-balanced": data_balanced,
+}
+"""Baseline strategies by name."""

@@ -1,0 +1,219 @@
+"""What the large-cluster search tries: homogeneous depths per type, mixed-type templates, the
+(template, copies) options with their optimistic bounds, and nested homogeneous layouts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from hetpp.planner.layout import Layout
+from hetpp.planner.shapes import ShapeContext, TemplateCost
+
+DEPTH_SPAN = 4
+"""Homogeneous depths tried per type: the least that fits memory and this many more."""
+MIXED_RICH_MAX = 4
+"""Most devices of the memory-rich type in a mixed template."""
+MIXED_SPAN = 2
+"""Mixed templates per rich count: the fewest poor-type devices that fit, and this many more."""
+NESTED_DEPTHS = 3
+"""Large clusters: common depths tried for nested layouts (from the deepest least depth)."""
+
+
+def homogeneous_items(ctx: ShapeContext) -> dict[str, list[TemplateCost]]:
+    """Per type, the feasible homogeneous depths from the least that fits upward (a type that
+    fits neither at its memory floor nor at its greatest depth is taken to fit at none: the
+    scan in between would cost a split per depth for nothing)."""
+    out = {}
+    for key, count in zip(ctx.keys, ctx.counts):
+        found: list[TemplateCost] = []
+        top, floor = min(count, ctx.num_layers), _least_depth(ctx, key)
+        if floor > top or (
+            ctx.homogeneous(key, floor) is None and ctx.homogeneous(key, top) is None
+        ):
+            out[key] = found
+            continue
+        for d in range(floor, top + 1):
+            t = ctx.homogeneous(key, d)
+            if t is not None:
+                found.append(t)
+            if found and d >= found[0].num_stages + DEPTH_SPAN:
+                break
+        out[key] = found
+    return out
+
+
+def _least_depth(ctx: ShapeContext, key: str) -> int:
+    """Devices of one type that can hold the model states at all (a floor for the depth scan)."""
+    return _devices_for(ctx, key, _states_bytes(ctx))
+
+
+def _states_bytes(ctx: ShapeContext) -> float:
+    """Weights, gradients and optimizer state of the whole model (tied weights once)."""
+    return ctx.cm.model.total_params * ctx.cm.train.state_bytes_per_param
+
+
+def _devices_for(ctx: ShapeContext, key: str, nbytes: float) -> int:
+    usable = ctx.tables(key).capacity - ctx.cm.train.reserve_bytes
+    if usable <= 0:
+        return ctx.num_layers + 1
+    return max(1, math.ceil(nbytes / usable))
+
+
+def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[TemplateCost]:
+    """Two-type shapes for a type that cannot hold the model alone: a few devices of a type with
+    more memory per device carry the layers it cannot hold. Per rich count a, the fewest
+    devices c of the poor type that fit, and a few more (scanning up from the memory floor).
+    (Mixing types that can each hold the model is covered by `proportional_templates`.)"""
+    pools = ctx.problem.pools
+    out: list[TemplateCost] = []
+    idx = {k: i for i, k in enumerate(ctx.keys)}
+    for rich, poor in itertools.permutations(ctx.keys, 2):
+        if items[poor] or pools[rich].gpu.memory_bytes < pools[poor].gpu.memory_bytes:
+            continue
+        if pools[rich].gpu.memory_bytes == pools[poor].gpu.memory_bytes and rich > poor:
+            continue
+        least_rich = items[rich][0].num_stages if items[rich] else pools[rich].count
+        for a in range(1, min(pools[rich].count, MIXED_RICH_MAX, least_rich) + 1):
+            found = 0
+            usable_rich = ctx.tables(rich).capacity - ctx.cm.train.reserve_bytes
+            floor = _devices_for(ctx, poor, _states_bytes(ctx) - a * usable_rich)
+            for c in range(floor, min(pools[poor].count, ctx.num_layers - a) + 1):
+                comp = [0] * len(ctx.keys)
+                comp[idx[rich]], comp[idx[poor]] = a, c
+                got = ctx.orders(tuple(comp))
+                if got or found:
+                    found += 1
+                    out += got
+                if found > MIXED_SPAN:
+                    break
+    return out
+
+
+def nested_layouts(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[Layout]:
+    """Homogeneous pipelines whose splits refine one another: the least deep type is split
+    freely, each deeper one must cut wherever the shallower ones do (types of equal depth share
+    one split). Then every gradient block of a coarse stage is owned by whole stages of the
+    finer pipelines, so buckets chain only inside one coarse stage and all-reduce in parallel
+    across them, where unrelated splits would chain through the whole model.
+
+    Layouts: for each prefix of the types ordered by speed (slow types may be better left
+    out), every type at its least depth, and every type at one common depth (one split for
+    all: the fewest buckets) from the deepest least depth up a few (deeper: less to sync)."""
+    usable = [k for k in ctx.keys if items[k]]
+    rate = {k: 1 / (items[k][0].beat_s * items[k][0].num_stages) for k in usable}
+    by_speed = sorted(usable, key=lambda k: -rate[k])
+    out = []
+    for j in range(1, len(by_speed) + 1):
+        chosen = by_speed[:j]
+        least = {k: items[k][0].num_stages for k in chosen}
+        plans = [least]
+        top = max(least.values())
+        plans += [{k: d for k in chosen} for d in range(top, top + NESTED_DEPTHS)]
+        for depths in plans:
+            layout = _nested(ctx, depths)
+            if layout:
+                out.append(layout)
+    return out
+
+
+def _nested(ctx: ShapeContext, depths: dict[str, int]) -> Layout:
+    """One pipeline template per type, shallowest first, each cutting where the previous did
+    (a type goes deeper if it cannot fit its depth with those cuts, or is left out)."""
+    count = dict(zip(ctx.keys, ctx.counts))
+    forced: tuple[int, ...] = ()
+    layout: Layout = []
+    for k in sorted(depths, key=lambda k: depths[k]):
+        for d in range(max(depths[k], len(forced) + 1), min(count[k], ctx.num_layers) + 1):
+            t = ctx.template(((k, d),), forced)
+            if t is not None:
+                forced = t.bounds[1:-1]
+                layout.append((t, count[k] // d))
+                break
+    return layout
+
+
+def proportional_templates(ctx: ShapeContext) -> list[TemplateCost]:
+    """Shapes taking N_t // P devices of every type for some pipeline count P (the shapes of
+    the layer-balanced baseline), so that hpp can take k of them and balance the rest."""
+    out, seen = [], set()
+    usable = {k: ctx.tables(k).capacity - ctx.cm.train.reserve_bytes for k in ctx.keys}
+    for p in range(1, max(ctx.counts) + 1):
+        comp = tuple(n // p for n in ctx.counts)
+        if comp in seen or sum(1 for c in comp if c) < 2 or sum(comp) > ctx.num_layers:
+            continue
+        seen.add(comp)
+        if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < _states_bytes(ctx):
+            continue
+        out += ctx.orders(comp)
+    return out
+
+
+def _copies(kmax: int) -> list[int]:
+    """Copy counts tried for a mixed template: all, a few less, and a geometric sweep."""
+    ks = {kmax, *range(max(1, kmax - 3), kmax + 1)}
+    k = 1
+    while k < kmax:
+        ks.add(k)
+        k *= 2
+    ks |= {max(1, round(kmax * f)) for f in (0.25, 0.5, 0.75)}
+    return sorted(ks)
+
+
+def mixed_options(
+    ctx: ShapeContext,
+    items: dict[str, list[TemplateCost]],
+    mixed: list[TemplateCost],
+    total: int,
+    budget: bool,
+) -> list[tuple[float, Layout]]:
+    """(optimistic time, fixed mixed pipelines) for no mixing and every (template, k), sorted.
+
+    Bound: a pipeline runs at most max(0, (T - fill + beat) / beat) micro-batches by T, so the
+    devices of type t together at most N_t max(0, T r_t - phi_t), with r_t the best rate per
+    device and phi_t the least fill loss per device over t's homogeneous depths; k copies of a
+    mixed template exactly k max(0, (T - fill + beat) / beat)."""
+    keys = ctx.keys
+    per_type = [
+        (
+            max((1 / (t.beat_s * t.num_stages) for t in items[k]), default=0.0),
+            min(((t.fill_s - t.beat_s) / (t.beat_s * t.num_stages) for t in items[k]), default=0.0),
+        )
+        for k in keys
+    ]
+    rate = np.array([r for r, _ in per_type])
+    loss = np.array([p for _, p in per_type])
+    counts = np.array(ctx.counts, dtype=float)
+    out = [(float(_lb(total, (counts * rate)[None], (counts * loss)[None])[0]), [])]
+    for t in mixed:
+        comp = np.zeros(len(keys))
+        for k, n in t.runs:
+            comp[keys.index(k)] += n
+        kmax = int(min(counts[comp > 0] // comp[comp > 0]))
+        if budget:
+            kmax = min(kmax, total // t.num_stages)
+        if kmax < 1:
+            continue
+        ks = np.array(_copies(kmax))[:, None]
+        left = counts[None, :] - ks * comp[None, :]
+        rates = np.hstack([left * rate, ks / t.beat_s])
+        losses = np.hstack([left * loss, ks * (t.fill_s - t.beat_s) / t.beat_s])
+        lbs = _lb(total, rates, losses)
+        out += [(float(lb), [(t, int(k))]) for lb, k in zip(lbs, ks[:, 0])]
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def _lb(total: int, rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    """Per row, the T where sum over groups of max(0, rate T - loss) reaches `total`: the
+    capacity bound is piecewise linear and increasing, so walk its breakpoints in order."""
+    bp = np.where(rate > 0, loss / np.maximum(rate, 1e-300), np.inf)
+    order = np.argsort(bp, axis=1)
+    bp = np.take_along_axis(bp, order, axis=1)
+    cr = np.cumsum(np.take_along_axis(rate, order, axis=1), axis=1)
+    cl = np.cumsum(np.take_along_axis(loss, order, axis=1), axis=1)
+    t = (total + cl) / np.maximum(cr, 1e-300)
+    nxt = np.hstack([bp[:, 1:], np.full((len(bp), 1), np.inf)])
+    ok = (cr > 0) & (t >= bp * (1 - 1e-12)) & (t <= nxt * (1 + 1e-12))
+    return np.where(ok, t, np.inf).min(axis=1)

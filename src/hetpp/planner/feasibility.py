@@ -1,0 +1,65 @@
+"""Why no plan fits: a message that says what does not fit where, and by how much."""
+
+from __future__ import annotations
+
+from hetpp.planner.bounds import least_stages
+from hetpp.planner.partition import stage_tables
+from hetpp.planner.problem import Problem
+
+GB = 1e9
+
+
+def explain_infeasible(problem: Problem, note: str = "") -> str:
+    """The first reason found, checked at the most lenient settings the problem allows
+    (smallest micro-batch size, recomputation if permitted)."""
+    name, b = problem.model.name, problem.global_batch
+    sizes = problem.batch_sizes()
+    if not sizes:
+        return (
+            f"global batch {b} is not a multiple of any micro-batch size in "
+            f"{', '.join(map(str, problem.micro_batch_sizes))}"
+        )
+    mbs, recompute = sizes[0], max(problem.recompute_options())
+    cm = problem.cost_model(recompute)
+    train = cm.train
+    biggest = max(problem.pools.values(), key=lambda p: p.gpu.memory_bytes)
+    setting = f"micro-batch size {mbs}" + (", with recomputation" if recompute else "")
+    tables = stage_tables(cm, cm.layer_costs(biggest.gpu, mbs))
+    need = [
+        (tables.mem_fixed[i, i + 1] + tables.mem_per_micro_batch[i, i + 1], layer.kind)
+        for i, layer in enumerate(cm.model.layers)
+    ]
+    worst, kind = max(need)
+    if worst > biggest.gpu.memory_bytes:
+        return (
+            f"{name} does not fit: its {kind} layer alone needs {worst / GB:.1f} GB on one device "
+            f"at {setting} (weights, gradients, optimizer state, activations and the "
+            f"{train.reserve_gb:g} GB reserve); the largest device, {biggest.gpu.name}, has "
+            f"{biggest.gpu.memory_bytes / GB:.0f} GB"
+        )
+    states = cm.model.total_params * train.state_bytes_per_param
+    usable = sum(
+        max(0.0, p.gpu.memory_bytes - train.reserve_bytes) * p.count for p in problem.pools.values()
+    )
+    if states > usable:
+        return (
+            f"{name} needs at least {states / GB:.0f} GB for weights, gradients and optimizer "
+            f"state ({train.state_bytes_per_param:g} B x {cm.model.total_params / 1e9:.2f} B "
+            f"parameters); the cluster's {problem.cluster.num_devices} devices have "
+            f"{usable / GB:.0f} GB in total after the {train.reserve_gb:g} GB reserve each"
+        )
+    depth = least_stages(problem, recompute, mbs)
+    per_device = states / depth / GB
+    if problem.schedule == "1f1b" and b // mbs < depth:
+        return (
+            f"global batch {b} is too small: {name} needs at least {depth} pipeline stages "
+            f"({per_device:.0f} GB of model state per device on the largest device, "
+            f"{biggest.gpu.name}, {biggest.gpu.memory_bytes / GB:.0f} GB) and 1F1B needs at least "
+            f"as many micro-batches as stages; use a global batch of at least {depth * mbs}"
+        )
+    return (
+        f"no split of {name} fits at {setting}: it needs at least {depth} devices of the "
+        f"largest kind ({biggest.gpu.name}, {biggest.gpu.memory_bytes / GB:.0f} GB) for its "
+        f"{states / GB:.0f} GB of model state, and no pipeline of the available devices holds "
+        f"it with its activations" + (f" ({note})" if note else "")
+    )

@@ -1,0 +1,147 @@
+"""Branch and bound over multisets of templates (small clusters; the oracle and hpp's exact path).
+
+Every multiset of templates that fits the cluster's device counts is a candidate layout. Its
+full step cost is at least (a) its balanced closed-form time at the best links (the slowest
+pipeline ends no earlier), plus (b) what must follow the slowest pipeline: its own optimizer
+step, and, with two or more pipelines, the all-reduce of all of its first stage's gradients
+(that device is done only when its pipeline ends, and its buckets run one after another over
+one owner per pipeline; fastest link assumed) and then that device's optimizer step.
+Candidates are visited in order of that bound; the walk stops when it reaches the best full
+cost found.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from hetpp.planner.balance import balanced_times
+from hetpp.planner.shapes import ShapeContext, TemplateCost, template_arrays
+from hetpp.specs.cluster import Link
+
+Multiset = tuple[tuple[int, int], ...]
+"""((template index, copies), ...)."""
+
+
+def compositions(ctx: ShapeContext):
+    """Every device-count vector a pipeline can have (at most one device per layer)."""
+    layers = ctx.num_layers
+    ranges = [range(min(n, layers) + 1) for n in ctx.counts]
+    for comp in itertools.product(*ranges):
+        if 0 < sum(comp) <= layers:
+            yield comp
+
+
+def count_multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> int:
+    """How many non-empty multisets of these compositions fit: the number of ways to fill
+    each device-count vector (unbounded coin-change over vectors), summed."""
+    shape = tuple(n + 1 for n in counts)
+    ways = np.zeros(shape, dtype=float)
+    ways[(0,) * len(shape)] = 1
+    states = list(itertools.product(*[range(n) for n in shape]))
+    for c in comps:
+        for v in states:  # ascending, so v - c is final for this coin when v is reached
+            if all(a >= b for a, b in zip(v, c)):
+                ways[v] += ways[tuple(a - b for a, b in zip(v, c))]
+    return int(ways.sum()) - 1
+
+
+def multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> list[Multiset]:
+    """Every non-empty multiset of templates (given by their compositions) that fits."""
+    arr = np.array(comps, dtype=int).reshape(len(comps), len(counts))
+    out: list[Multiset] = []
+
+    def walk(start: int, left: np.ndarray, chosen: list[int]) -> None:
+        fits = np.flatnonzero((arr[start:] <= left).all(axis=1)) + start
+        for i in fits:
+            chosen.append(int(i))
+            out.append(_group(chosen))
+            walk(int(i), left - arr[i], chosen)
+            chosen.pop()
+
+    walk(0, np.array(counts), [])
+    return out
+
+
+def _group(chosen: list[int]) -> Multiset:
+    out: list[list[int]] = []
+    for i in chosen:
+        if out and out[-1][0] == i:
+            out[-1][1] += 1
+        else:
+            out.append([i, 1])
+    return tuple((i, k) for i, k in out)
+
+
+def composition(ctx: ShapeContext, t: TemplateCost) -> tuple[int, ...]:
+    c = [0] * len(ctx.keys)
+    for k, n in t.runs:
+        c[ctx.keys.index(k)] += n
+    return tuple(c)
+
+
+def lower_bounds(ctx: ShapeContext, templates: list[TemplateCost], sets: list[Multiset]):
+    """A lower bound on the full step cost of every multiset (inf where infeasible)."""
+    width = max(len(s) for s in sets)
+    idx = np.zeros((len(sets), width), dtype=int)
+    cnt = np.zeros((len(sets), width))
+    for r, s in enumerate(sets):
+        for j, (i, k) in enumerate(s):
+            idx[r, j], cnt[r, j] = i, k
+    a = template_arrays(templates)
+    total = ctx.problem.global_batch // ctx.mbs
+    t = balanced_times(a["fill"][idx], a["beat"][idx], a["lo"][idx], a["hi"][idx], cnt, total)
+    opt_all, opt_first, grads_first = (
+        np.array(x) for x in zip(*(_after(ctx, x) for x in templates))
+    )
+    used = cnt > 0
+    own_opt = np.where(used, opt_all[idx], np.inf).min(axis=1)
+    # Stage 0 of the slowest pipeline is done when that pipeline ends (>= t); then it
+    # all-reduces all its gradients, bucket after bucket, each over one owner per pipeline.
+    p = cnt.sum(axis=1, keepdims=True)
+    link = _fastest_link(ctx)
+    nbytes = grads_first[idx] * ctx.cm.train.grad_bytes_per_param
+    ring = 2 * (p - 1) / p * nbytes / link.bw_bytes_per_s + 2 * (p - 1) * link.latency_s
+    sync = np.where(used, ring + opt_first[idx], np.inf).min(axis=1)
+    return t + np.where(p[:, 0] > 1, np.maximum(own_opt, sync), own_opt)
+
+
+def _after(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
+    """(largest optimizer step of a stage, that of stage 0, gradients stage 0 all-reduces)."""
+    train = ctx.cm.train
+    opts = [
+        2
+        * ctx.params_between(a, b)
+        * train.state_bytes_per_param
+        / ctx.problem.pools[k].gpu.mem_bw_bytes_per_s
+        for k, (a, b) in zip(t.stage_keys, itertools.pairwise(t.bounds))
+    ]
+    return max(opts), opts[0], ctx.grads_between(0, t.bounds[1])
+
+
+def _fastest_link(ctx: ShapeContext) -> Link:
+    cl = ctx.problem.cluster
+    bw = max(
+        [p.intra_bw_bytes_per_s for p in ctx.problem.pools.values()] + [cl.inter_node_GBps * 1e9]
+    )
+    return Link(bw, min(cl.intra_node_latency_us, cl.inter_node_latency_us) * 1e-6)
+
+
+def branch_and_bound(
+    ctx: ShapeContext,
+    templates: list[TemplateCost],
+    bound: Callable[[], float],
+    evaluate: Callable[[list[tuple[TemplateCost, int]]], None],
+) -> None:
+    """Evaluate multisets in order of their lower bound while it is below `bound()`."""
+    comps = [composition(ctx, t) for t in templates]
+    sets = multisets(comps, ctx.counts)
+    if not sets:
+        return
+    lbs = lower_bounds(ctx, templates, sets)
+    for r in np.argsort(lbs, kind="stable"):
+        if not lbs[r] < bound():
+            break
+        evaluate([(templates[i], k) for i, k in sets[r]])

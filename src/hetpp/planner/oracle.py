@@ -1,0 +1,55 @@
+"""Oracle: every plan of hpp's space, for testing the search on small clusters.
+
+It enumerates every multiset of pipeline templates that fits the cluster (every device-count
+vector, every stage order of its type runs, any number of copies, devices left idle), for every
+micro-batch size and recomputation setting, plus the baselines' plans. Each multiset gets the
+same placement and data balance as `hpp` and is ranked by the full step cost. Branch and bound
+(`multisets`) keeps that affordable without changing the answer: multisets are visited in order
+of a lower bound on their step cost, and the walk stops when it reaches the best cost found.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from hetpp.planner.assemble import Incumbent, PlanResult
+from hetpp.planner.baselines import BASELINES
+from hetpp.planner.multisets import branch_and_bound, compositions
+from hetpp.planner.problem import Problem
+from hetpp.planner.shapes import Workspace
+from hetpp.specs.errors import SpecError
+
+MAX_DEVICES = 8
+"""Largest cluster the oracle accepts (the number of multisets grows exponentially)."""
+
+
+def search_oracle(problem: Problem, max_devices: int = MAX_DEVICES) -> PlanResult:
+    """The best plan of the whole space; SpecError on clusters larger than `max_devices`."""
+    n = problem.cluster.num_devices
+    if n > max_devices:
+        raise SpecError(
+            f"the oracle enumerates every plan and accepts at most {max_devices} devices; "
+            f"cluster {problem.cluster.name!r} has {n}. Use --strategy hpp",
+            field="strategy",
+        )
+    t0 = time.perf_counter()
+    ws = Workspace(problem)
+    inc = Incumbent(problem, "oracle")
+    for run in BASELINES.values():
+        inc.offer_result(run(problem, ws))
+    for rc, mbs in ws.settings():
+        ctx = ws.context(rc, mbs)
+        templates = [t for c in compositions(ctx) for t in ctx.orders(c, exhaustive=True)]
+        if templates:
+            branch_and_bound(ctx, templates, lambda: inc.bound, partial(_offer, inc, ctx))
+    elapsed = time.perf_counter() - t0
+    best = inc.result
+    if best is None or best.plan is None:
+        return PlanResult("oracle", None, None, elapsed, "no plan fits")
+    plan = best.plan.model_copy(update={"strategy": "oracle"})
+    return PlanResult("oracle", plan, best.step, elapsed)
+
+
+def _offer(inc: Incumbent, ctx, layout) -> None:
+    inc.offer(ctx, [layout])

@@ -1,0 +1,149 @@
+"""What a planner strategy is asked: model, cluster, batch, and the knobs it may choose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+from hetpp.cost.compute import CostModel
+from hetpp.profile.table import ProfileTable
+from hetpp.specs.catalog import GpuType
+from hetpp.specs.cluster import Cluster
+from hetpp.specs.errors import SpecError
+from hetpp.specs.model import ModelSpec
+from hetpp.specs.train import TrainSpec
+
+RecomputeMode = Literal["auto", "on", "off"]
+DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class TypePool:
+    """All devices of one GPU type, grouped by node (devices of one node are interchangeable)."""
+
+    key: str
+    """Lower-case type name, the key every planner table uses."""
+    gpu: GpuType
+    nodes: tuple[tuple[int, ...], ...]
+    """Device ids per node, nodes in cluster order."""
+    gpus_per_node: int
+    """Largest node of this type (the best case for keeping a pipeline inside one node)."""
+    intra_bw_bytes_per_s: float
+    """Fastest intra-node link among this type's nodes."""
+
+    @property
+    def count(self) -> int:
+        return sum(len(n) for n in self.nodes)
+
+
+@dataclass
+class Problem:
+    """One planning request. Strategies read it; nothing in it changes during a search."""
+
+    model: ModelSpec
+    cluster: Cluster
+    train: TrainSpec
+    """Batch, sequence length, precision, schedule and memory settings (`recompute` ignored:
+    the planner decides it from `recompute_mode`)."""
+    micro_batch_sizes: tuple[int, ...] = DEFAULT_MICRO_BATCH_SIZES
+    """Candidate micro-batch sizes; one is chosen per plan (all pipelines share it)."""
+    recompute_mode: RecomputeMode = "auto"
+    """`auto` plans without recomputation and, where memory is short, with it, and keeps the
+    faster; `on`/`off` force it."""
+    profiles: ProfileTable | None = None
+    """Measured rows that replace the estimate for their GPU types."""
+    _cms: dict[bool, CostModel] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
+            raise SpecError("expected positive integers", field="micro_batch_sizes")
+        self.micro_batch_sizes = tuple(sorted(set(self.micro_batch_sizes)))
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.global_batch
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def schedule(self) -> str:
+        return self.train.schedule
+
+    def cost_model(self, recompute: bool) -> CostModel:
+        """The cost model for one recomputation setting (built once)."""
+        if recompute not in self._cms:
+            train = self.train.model_copy(update={"recompute": recompute})
+            self._cms[recompute] = CostModel(self.model, train, self.cluster, self.profiles)
+        return self._cms[recompute]
+
+    def recompute_options(self) -> list[bool]:
+        return {"off": [False], "on": [True], "auto": [False, True]}[self.recompute_mode]
+
+    def batch_sizes(self) -> list[int]:
+        """Micro-batch sizes that divide the global batch (every pipeline's share is a multiple)."""
+        return [b for b in self.micro_batch_sizes if self.global_batch % b == 0]
+
+    @cached_property
+    def pools(self) -> dict[str, TypePool]:
+        """Devices by GPU type, in order of first appearance in the cluster file."""
+        nodes: dict[str, dict[int, list[int]]] = {}
+        size: dict[str, int] = {}
+        bw: dict[str, float] = {}
+        for d in self.cluster.devices:
+            key = d.gpu.name.lower()
+            nodes.setdefault(key, {}).setdefault(d.node, []).append(d.id)
+            group = self.cluster.nodes[d.group]
+            size[key] = max(size.get(key, 0), group.gpus_per_node)
+            bw[key] = max(bw.get(key, 0.0), group.intra_node_GBps * 1e9)
+        return {
+            k: TypePool(
+                key=k,
+                gpu=self.cluster.type_table[k],
+                nodes=tuple(tuple(v) for v in by_node.values()),
+                gpus_per_node=size[k],
+                intra_bw_bytes_per_s=bw[k],
+            )
+            for k, by_node in nodes.items()
+        }
+
+    @property
+    def type_keys(self) -> list[str]:
+        return list(self.pools)
+
+    @property
+    def num_nodes(self) -> int:
+        return len({d.node for d in self.cluster.devices})
+
+    def plan_fields(self, recompute: bool) -> dict:
+        """Plan fields that record what the plan was made for, so other tools can use it alone."""
+        t = self.train
+        return dict(
+            global_batch=t.global_batch,
+            seq_len=t.seq_len,
+            schedule=t.schedule,
+            model=self.model.config,
+            cluster=self.cluster,
+            precision=t.precision,
+            recompute=recompute,
+            optimizer_bytes_per_param=t.optimizer_bytes_per_param,
+            grad_bytes_per_param=t.grad_bytes_per_param,
+            reserve_gb=t.reserve_gb,
+        )
+
+
+def physical_limit_samples_per_s(problem: Problem) -> float:
+    """Every device training the whole model alone at its own speed: no bubbles, no
+    communication, memory ignored. Per device, the best micro-batch size's per-sample
+    forward+backward time of all layers (same layer costs as the planner, no recomputation)."""
+    cm = problem.cost_model(False)
+    rate = 0.0
+    for pool in problem.pools.values():
+        per_sample = min(
+            (cm.layer_costs(pool.gpu, b).fwd_cum[-1] + cm.layer_costs(pool.gpu, b).bwd_cum[-1]) / b
+            for b in problem.micro_batch_sizes
+        )
+        rate += pool.count / per_sample
+    return rate

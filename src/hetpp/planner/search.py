@@ -1,0 +1,197 @@
+"""HPP search: pipelines of different shapes, a balanced split in each, a batch share per pipeline.
+
+Hierarchy (DESIGN.md, "Planner"):
+1. Stage balance (`partition`): a template's split, evaluated once per shape (`shapes`).
+2. Pipeline shapes: which templates, how many of each (`layout`), on which devices (`placement`).
+   - Small clusters (few device-count vectors): exact. A dynamic program over device-count
+     vectors finds the layout of least compute time (`layout.CountDP`) for each subset of GPU
+     types, peeling off the templates with the largest sync + optimizer tail (which follows the
+     slowest pipeline); then branch and bound over template multisets (`multisets`) ranks the
+     rest by the full cost, where they are few enough.
+   - Large clusters: per GPU type an exact knapsack over homogeneous depths
+     (`layout.TypeKnapsack`) plus at most one mixed template taken k times, options in order
+     of an optimistic bound (`candidates`); and nested homogeneous layouts, whose splits refine
+     one another so that gradient buckets stay parallel. Every setting is screened with
+     homogeneous pipelines; the best ones also get the layer-balanced mixed shapes and the
+     two-type shapes for types that cannot hold the model alone.
+3. Data balance (`balance`): integer micro-batch counts that minimize the slowest pipeline.
+Micro-batch size and recomputation are outer choices ("settings"), visited in order of an
+optimistic bound (`bounds.ideal_time_bound`) and skipped when it cannot beat the best plan so
+far. The baselines run first, on the same templates; their plans are in hpp's space and seed the
+bound, so hpp is never worse than any of them. Final ranking: the full step cost
+(`hetpp.cost.step`), block-wise gradient sync and optimizer included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hetpp.planner.assemble import Incumbent, PlanResult
+from hetpp.planner.baselines import BASELINES
+from hetpp.planner.bounds import ideal_time_bound
+from hetpp.planner.candidates import (
+    homogeneous_items,
+    mixed_options,
+    mixed_templates,
+    nested_layouts,
+    proportional_templates,
+)
+from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
+from hetpp.planner.multisets import branch_and_bound, compositions, count_multisets
+from hetpp.planner.problem import Problem
+from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
+from hetpp.planner.tail import layout_tail
+
+Progress = Callable[[float, str], None]
+"""Called with the fraction done (0..1) and what is being searched."""
+
+EXACT_STATES = 100
+"""Clusters whose device-count vectors number at most this are searched exactly."""
+EXACT_TEMPLATES = 300
+EXACT_MULTISETS = 20000
+"""... and their template multisets, if at most this many, ranked by branch and bound."""
+TOP = 2
+"""Large clusters: layouts per pass ranked with the full cost."""
+PATIENCE = 8
+"""Large clusters: options tried past the last one that improved the best estimate."""
+FULL_SETTINGS = 2
+"""Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
+PAIR_SETTINGS = 1
+"""... and that get two-type shapes for types that cannot hold the model alone."""
+
+
+def search_hpp(problem: Problem, progress: Progress | None = None) -> PlanResult:
+    """The fastest plan hpp finds (never slower than any baseline's)."""
+    t0 = time.perf_counter()
+    ws = Workspace(problem)
+    say = progress or (lambda f, s: None)
+    inc = Incumbent(problem, "hpp")
+    for i, (name, run) in enumerate(BASELINES.items()):
+        say(0.1 * i, f"baseline {name}")
+        inc.offer_result(run(problem, ws))
+    settings = sorted(ws.settings(), key=lambda s: ideal_time_bound(problem, *s))
+    screened: list[tuple[float, ShapeContext]] = []
+    for i, (rc, mbs) in enumerate(settings):
+        say(0.3 + 0.4 * i / max(1, len(settings)), f"micro-batch {mbs}, recompute {rc}")
+        if ideal_time_bound(problem, rc, mbs) >= inc.bound:
+            continue
+        ctx = ws.context(rc, mbs)
+        if _small(ctx):
+            _search_exact(ctx, inc)
+        else:
+            screened.append((_search_decomposed(ctx, inc, mixed=None), ctx))
+    # Large clusters: the settings that did best with homogeneous pipelines get the mixed
+    # shapes too (the layer-balanced ones, then two-type ones for types that cannot hold the
+    # model alone), which cost the most templates.
+    ranked = [ctx for _, ctx in sorted(screened, key=lambda x: x[0])]
+    passes = [("proportional", c) for c in ranked[:FULL_SETTINGS]]
+    passes += [("pairs", c) for c in ranked[:PAIR_SETTINGS]]
+    for j, (kind, ctx) in enumerate(passes):
+        say(0.7 + 0.3 * j / len(passes), f"{kind} shapes, micro-batch {ctx.mbs}")
+        if ideal_time_bound(problem, ctx.recompute, ctx.mbs) < inc.bound:
+            _search_decomposed(ctx, inc, mixed=kind)
+    say(1.0, "done")
+    elapsed = time.perf_counter() - t0
+    best = inc.result
+    if best is None or best.plan is None:
+        return PlanResult("hpp", None, None, elapsed, "no plan fits")
+    note = "" if best.strategy == "hpp" else f"the {best.strategy} plan was the best found"
+    plan = best.plan.model_copy(update={"strategy": "hpp"})
+    return PlanResult("hpp", plan, best.step, elapsed, note)
+
+
+def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
+    """Small clusters: every multiset of templates, solved exactly for the compute time.
+
+    The step also pays gradient sync and optimizer after the slowest pipeline: about the largest
+    tail among the templates used, and less with fewer pipelines or nodes. So for every subset
+    of GPU types, solve, then peel: forbid templates with the largest tail used and solve again
+    (each answer is optimal for every tail cap down to its own largest tail), until the compute
+    time alone reaches the best full cost found (a lower bound: nothing further can win)."""
+    total = ctx.problem.global_batch // ctx.mbs
+    templates = _all_templates(ctx)
+    if not templates:
+        return
+    dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule == "1f1b")
+    tails = np.array([t.tail_s for _, t in templates])
+    comps = np.array([c for c, _ in templates]) > 0
+    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
+    for q in subsets:
+        mask = ~(comps & ~np.array(q)).any(axis=1)
+        while any(q) and mask.any():
+            got = min_time(lambda t, m=mask: dp(t, mask=m), total, use_tail=False)
+            if got is None or got[0] >= inc.bound:
+                break
+            inc.offer(ctx, [got[1]])
+            mask &= tails < max(x.tail_s for x, _ in got[1])
+    # With a good incumbent, rank the remaining multisets by the full cost where they are
+    # few enough; their lower bound (`multisets.lower_bounds`) prunes most of them.
+    shapes = [t for _, t in templates]
+    if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
+        branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+
+
+def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> float:
+    """Large clusters: per-type knapsack over homogeneous depths plus (`mixed`) one mixed
+    template taken k times: the layer-balanced shapes ("proportional") or two-type shapes for
+    types that cannot hold the model alone ("pairs"). Options go in order of their bound, cut
+    off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
+    homogeneous layouts too. The best few by estimate get the full cost; returns the best
+    estimate."""
+    total = ctx.problem.global_batch // ctx.mbs
+    budget = ctx.problem.schedule == "1f1b"
+    items = homogeneous_items(ctx)
+    templates: list[TemplateCost] = []
+    if mixed == "proportional":
+        templates = proportional_templates(ctx)
+    elif mixed == "pairs":
+        templates = mixed_templates(ctx, items)
+    avail = dict(zip(ctx.keys, ctx.counts))
+    found: list[tuple[float, Layout]] = []
+    best, stale = inc.bound, 0
+    for lb, fixed in mixed_options(ctx, items, templates, total, budget):
+        if lb >= best or stale >= PATIENCE:
+            break
+        if mixed and not fixed:
+            continue  # done in the homogeneous pass
+        left = dict(avail)
+        for t, k in fixed:
+            for key, n in t.runs:
+                left[key] -= n * k
+        stale += 1
+        for single in (False, True):
+            solver = TypeKnapsack(items, left, fixed, total, True, budget, single)
+            got = min_time(solver, total, True)
+            if got is None:
+                continue
+            est = layout_time(got[1], total, use_tail=False) + layout_tail(ctx, got[1])
+            found.append((est, got[1]))
+            if est < best * (1 - 1e-3):
+                stale = 0
+            best = min(best, est)
+    if mixed is None:
+        for layout in nested_layouts(ctx, items):
+            t = layout_time(layout, total, use_tail=False)
+            if t < math.inf:
+                found.append((t + layout_tail(ctx, layout), layout))
+    found.sort(key=lambda x: x[0])
+    inc.offer(ctx, [layout for _, layout in found[:TOP]])
+    return found[0][0] if found else math.inf
+
+
+def _small(ctx: ShapeContext) -> bool:
+    """Few enough device-count vectors (and so templates) to search exactly."""
+    if math.prod(n + 1 for n in ctx.counts) > EXACT_STATES:
+        return False
+    return sum(1 for _ in compositions(ctx)) <= EXACT_TEMPLATES
+
+
+def _all_templates(ctx: ShapeContext) -> list[tuple[tuple[int, ...], TemplateCost]]:
+    """Every composition with every stage order (small clusters afford them all; dropping the
+    orders that look dominated on the closed form loses up to a percent on the full cost)."""
+    return [(c, t) for c in compositions(ctx) for t in ctx.orders(c, exhaustive=True)]

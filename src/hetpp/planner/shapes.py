@@ -1,0 +1,286 @@
+"""Pipeline shapes: templates (an ordered list of GPU types), their split and closed-form cost.
+
+A template is evaluated once per (GPU types in stage order, micro-batch size, recomputation):
+identical pipelines anywhere in the cluster share it. Links are those of the best placement
+(a run of one type packed into as few nodes as possible; a change of type is a change of
+node), which makes every template cost a lower bound on any placed copy of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from hetpp.cost.comm import allreduce_time_s, p2p_time_s
+from hetpp.cost.memory import stage_params
+from hetpp.cost.pipeline import beat_s
+from hetpp.planner.partition import (
+    StageTables,
+    balance_stages,
+    bounds_fit,
+    in_flight_per_stage,
+    stage_tables,
+)
+from hetpp.planner.problem import Problem
+from hetpp.specs.cluster import Link
+
+Runs = tuple[tuple[str, int], ...]
+"""GPU type keys with device counts, in stage order: (("a100-80gb", 2), ("rtx-4090", 3))."""
+
+
+@dataclass(frozen=True)
+class TemplateCost:
+    """One pipeline shape with its layer split and per-micro-batch costs at the best links."""
+
+    runs: Runs
+    bounds: tuple[int, ...]
+    """Cut points of the layer list, length S+1."""
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    """One-way transfer between consecutive stages (length S-1), best-case links."""
+    fill_s: float
+    """Time of the first micro-batch through all stages and back (fill and drain)."""
+    beat_s: float
+    """Time each further micro-batch adds (the slowest stage, or a run of stages with slow
+    links between them: `hetpp.cost.pipeline.beat_s`)."""
+    lo: int
+    """Fewest micro-batches the schedule allows (1F1B: S)."""
+    hi: int
+    """Most micro-batches memory allows (GPipe keeps all in flight; 1F1B: unbounded)."""
+    tail_s: float
+    """Estimated gradient sync that sticks out past the pipeline, plus the optimizer step."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.bounds) - 1
+
+    @cached_property
+    def stage_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, n in self.runs for _ in range(n))
+
+    def time(self, m: int) -> float:
+        """Closed-form pipeline time for m micro-batches (best links, no sync)."""
+        return self.fill_s + (m - 1) * self.beat_s
+
+
+UNBOUNDED = 1 << 40
+
+
+def closed_form(fwd, bwd, comm, schedule: str) -> tuple[float, float]:
+    """(fill, beat) of the cost model's pipeline time `pipeline_time_s = fill + (m - 1) * beat`
+    (one traversal of all stages and links each way, then one beat per further micro-batch).
+    A unit test holds this to `pipeline_time_s` for any m."""
+    return sum(fwd) + sum(bwd) + 2 * sum(comm), beat_s(fwd, bwd, comm, schedule)
+
+
+class ShapeContext:
+    """Templates for one (problem, recomputation, micro-batch size), built on demand, cached."""
+
+    def __init__(self, problem: Problem, recompute: bool, mbs: int):
+        self.problem = problem
+        self.recompute = recompute
+        self.mbs = mbs
+        self.cm = problem.cost_model(recompute)
+        self.keys = problem.type_keys
+        self.counts = tuple(problem.pools[k].count for k in self.keys)
+        self._tables: dict[str, StageTables] = {}
+        self._templates: dict[tuple[Runs, tuple[int, ...]], TemplateCost | None] = {}
+        self._orders: dict[tuple[tuple[int, ...], bool], list[TemplateCost]] = {}
+
+    @property
+    def num_layers(self) -> int:
+        return self.problem.num_layers
+
+    def tables(self, key: str) -> StageTables:
+        """Range tables of one GPU type at this micro-batch size."""
+        if key not in self._tables:
+            gpu = self.problem.pools[key].gpu
+            self._tables[key] = stage_tables(self.cm, self.cm.layer_costs(gpu, self.mbs))
+        return self._tables[key]
+
+    def template(self, runs: Runs, forced: tuple[int, ...] = ()) -> TemplateCost | None:
+        """Split and cost of one ordered shape (cutting at least at `forced`); None if no split
+        fits memory."""
+        key = (runs, forced)
+        if key not in self._templates:
+            self._templates[key] = self._evaluate(runs, forced)
+        return self._templates[key]
+
+    def homogeneous(self, key: str, depth: int) -> TemplateCost | None:
+        """`depth` devices of one type."""
+        return self.template(((key, depth),))
+
+    def orders(self, comp: tuple[int, ...], exhaustive: bool = False) -> list[TemplateCost]:
+        """Feasible stage orders of a composition (device count per type, aligned with
+        `self.keys`), each type one contiguous run; orders no better than another in bottleneck,
+        fill, memory cap and tail are dropped; best (bottleneck, fill) first. Up to three types
+        every order is tried; beyond, unless `exhaustive`, the few that matter: by memory per
+        device (rich first: stage 0 holds the most micro-batches in flight; or last) and by
+        speed (fast first or last). `exhaustive`: every order, none dropped."""
+        key = (comp, exhaustive)
+        if key not in self._orders:
+            runs = [(k, n) for k, n in zip(self.keys, comp) if n]
+            if exhaustive or len(runs) <= 3:
+                perms = list(itertools.permutations(runs))
+            else:
+                pools = self.problem.pools
+                perms = []
+                for attr in ("memory_bytes", "peak_flops_per_s"):
+                    ranked = sorted(runs, key=lambda r: getattr(pools[r[0]].gpu, attr))
+                    perms += [tuple(ranked[::-1]), tuple(ranked)]
+                perms = list(dict.fromkeys(perms))
+            found = [t for t in (self.template(tuple(p)) for p in perms) if t is not None]
+            self._orders[key] = _pareto(found, keep_all=exhaustive)
+        return self._orders[key]
+
+    def best(self, comp: tuple[int, ...]) -> TemplateCost | None:
+        """The order with the least bottleneck (then fill); None if none fits."""
+        found = self.orders(comp)
+        return found[0] if found else None
+
+    def with_bounds(self, runs: Runs, bounds: tuple[int, ...]) -> TemplateCost | None:
+        """Cost of a shape with a given split (baselines); None if it does not fit memory."""
+        keys = [k for k, n in runs for _ in range(n)]
+        if len(keys) > self.num_layers:
+            return None
+        tables = [self.tables(k) for k in keys]
+        if not bounds_fit(tables, in_flight_per_stage(self.problem.schedule, len(keys)), bounds):
+            return None
+        return self._cost(runs, keys, tables, bounds)
+
+    def _evaluate(self, runs: Runs, forced: tuple[int, ...]) -> TemplateCost | None:
+        keys = [k for k, n in runs for _ in range(n)]
+        if len(keys) > self.num_layers or len(forced) >= len(keys):
+            return None
+        tables = [self.tables(k) for k in keys]
+        schedule = self.problem.schedule
+        flight = in_flight_per_stage(schedule, len(keys))
+        bounds = balance_stages(tables, flight, forced)
+        if bounds is None:
+            return None
+        return self._cost(runs, keys, tables, bounds)
+
+    def _cost(self, runs: Runs, keys, tables, bounds) -> TemplateCost:
+        fwd = tuple(t.costs.fwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
+        bwd = tuple(t.costs.bwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
+        links = self.best_links(runs)
+        comm = tuple(
+            p2p_time_s(t.costs.send_bytes[b - 1], link)
+            for t, b, link in zip(tables, bounds[1:], links)
+        )
+        fill, beat = closed_form(fwd, bwd, comm, self.problem.schedule)
+        if self.problem.schedule == "gpipe":
+            hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
+            lo = 1
+        else:
+            hi, lo = UNBOUNDED, len(keys)
+        tail = self._tail(keys, bounds, bwd, comm)
+        return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail)
+
+    def best_links(self, runs: Runs) -> list[Link]:
+        """Links between consecutive stages when each run is packed into whole nodes."""
+        cl = self.problem.cluster
+        inter = Link(cl.inter_node_GBps * 1e9, cl.inter_node_latency_us * 1e-6)
+        out = []
+        for r, (key, n) in enumerate(runs):
+            pool = self.problem.pools[key]
+            intra = Link(pool.intra_bw_bytes_per_s, cl.intra_node_latency_us * 1e-6)
+            out += [inter if (j + 1) % pool.gpus_per_node == 0 else intra for j in range(n - 1)]
+            if r < len(runs) - 1:
+                out.append(inter)
+        return out
+
+    @cached_property
+    def _stored_cum(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([x.stored_params for x in self.cm.model.layers])])
+
+    @cached_property
+    def _own_cum(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([x.params for x in self.cm.model.layers])])
+
+    def params_between(self, a: int, b: int) -> float:
+        """Parameters a stage holding [a, b) stores (what its optimizer updates); prefix sums,
+        the whole model through `stage_params` for its tied-weights rule."""
+        if (a, b) == (0, self.num_layers):
+            return stage_params(self.cm.model, a, b)
+        return float(self._stored_cum[b] - self._stored_cum[a])
+
+    def grads_between(self, a: int, b: int) -> float:
+        """Parameters of [a, b) whose gradients the block all-reduce sums (a tied head's copy
+        goes through its own bucket)."""
+        return float(self._own_cum[b] - self._own_cum[a])
+
+    def _tail(self, keys, bounds, bwd, comm) -> float:
+        """Exposed sync + optimizer estimate: each stage all-reduces its gradients with its
+        peers in the other pipelines once it is done; stage s is done earlier than the pipeline
+        end by the backward and transfer times of the stages before it."""
+        train, cl = self.cm.train, self.problem.cluster
+        replicas = cl.num_devices // len(keys)
+        # As `Cluster.group_link`: a group spanning nodes runs at the slower of the network
+        # and its nodes' own fabric.
+        intra = min(self.problem.pools[k].intra_bw_bytes_per_s for k in keys)
+        if self.problem.num_nodes > 1:
+            bw = min(cl.inter_node_GBps * 1e9, intra)
+            link = Link(bw, cl.inter_node_latency_us * 1e-6)
+        else:
+            link = Link(intra, cl.intra_node_latency_us * 1e-6)
+        exposed, opt, ahead = 0.0, 0.0, 0.0
+        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+            grads = self.grads_between(a, b) * train.grad_bytes_per_param
+            sync = allreduce_time_s(grads, replicas, link)
+            bw = self.problem.pools[keys[s]].gpu.mem_bw_bytes_per_s
+            opt = max(opt, 2 * self.params_between(a, b) * train.state_bytes_per_param / bw)
+            exposed = max(exposed, sync - ahead)
+            ahead += bwd[s] + (comm[s] if s < len(comm) else 0.0)
+        return exposed + opt
+
+
+def _pareto(found: list[TemplateCost], keep_all: bool = False) -> list[TemplateCost]:
+    """Drop shapes another one beats or ties on every count; sort by (bottleneck, fill)."""
+    found = sorted(found, key=lambda t: (t.beat_s, t.fill_s, -t.hi, t.tail_s))
+    if keep_all:
+        return found
+    keep: list[TemplateCost] = []
+    for t in found:
+        if not any(
+            k.beat_s <= t.beat_s and k.fill_s <= t.fill_s and k.hi >= t.hi and k.tail_s <= t.tail_s
+            for k in keep
+        ):
+            keep.append(t)
+    return keep
+
+
+def template_arrays(templates: list[TemplateCost]) -> dict[str, np.ndarray]:
+    """Column arrays (fill, beat, lo, hi, tail) of a list of templates, for vectorized balance."""
+    return {
+        "fill": np.array([t.fill_s for t in templates]),
+        "beat": np.array([t.beat_s for t in templates]),
+        "lo": np.array([t.lo for t in templates], dtype=float),
+        "hi": np.array([t.hi for t in templates], dtype=float),
+        "tail": np.array([t.tail_s for t in templates]),
+    }
+
+
+class Workspace:
+    """Shape contexts of one problem, shared by the strategies of one search."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self._contexts: dict[tuple[bool, int], ShapeContext] = {}
+
+    def context(self, recompute: bool, mbs: int) -> ShapeContext:
+        """The (cached) context of one setting."""
+        key = (recompute, mbs)
+        if key not in self._contexts:
+            self._contexts[key] = ShapeContext(self.problem, recompute, mbs)
+        return self._contexts[key]
+
+    def settings(self) -> list[tuple[bool, int]]:
+        """Every (recomputation, micro-batch size) pair the problem allows."""
+        return [
+            (r, b) for r in self.problem.recompute_options() for b in self.problem.batch_sizes()
+        ]

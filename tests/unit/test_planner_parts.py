@@ -1,0 +1,179 @@
+"""Planner building blocks against hand computations and brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_cases import cluster, problem
+
+from hetpp.cost.memory import stage_memory, stage_memory_parts
+from hetpp.cost.pipeline import pipeline_time_s
+from hetpp.planner.balance import Kind, allocate, balanced_time, balanced_times
+from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
+from hetpp.planner.multisets import count_multisets, multisets
+from hetpp.planner.partition import balance_stages, equal_bounds
+from hetpp.planner.placement import place
+from hetpp.planner.shapes import ShapeContext, closed_form
+from hetpp.specs import CATALOG
+
+
+def test_stage_memory_parts_match_stage_memory_for_every_range():
+    p = problem(cluster(("A100-80GB", 1, 1)), "gpt3-350m", 8)  # tied embeddings
+    for recompute in (False, True):
+        cm = p.cost_model(recompute)
+        costs = cm.layer_costs(CATALOG["a100-80gb"], 2)
+        fixed, per = stage_memory_parts(cm.model, cm.train, costs)
+        for a, b in itertools.combinations(range(cm.model.num_layers + 1), 2):
+            for k in (1, 3):
+                want = stage_memory(cm.model, cm.train, costs, a, b, k).total
+                assert fixed[a, b] + k * per[a, b] == pytest.approx(want, rel=1e-12)
+
+
+def test_balance_stages_splits_identical_blocks_evenly_and_respects_memory():
+    p = problem(cluster(("A100-80GB", 4, 1)), "gpt3-1.3b", 8)
+    ctx = ShapeContext(p, False, 1)
+    tables = [ctx.tables("a100-80gb")] * 2
+    bounds = balance_stages(tables, [1, 1])
+    assert bounds[0] == 0 and bounds[-1] == 26
+    # The head costs about two blocks, so the second stage takes fewer blocks.
+    t = tables[0].time
+    assert max(t[0, bounds[1]], t[bounds[1], 26]) == pytest.approx(
+        min(max(t[0, c], t[c, 26]) for c in range(1, 26))
+    )
+    # A forced cut is honoured.
+    assert 5 in balance_stages(tables, [1, 1, 1], forced=(5,))
+    # More stages than layers, or memory too small: no split.
+    assert balance_stages([tables[0]] * 27, [1] * 27) is None
+
+
+def test_balance_stages_returns_none_when_memory_is_too_small():
+    p = problem(cluster(("T4", 4, 1)), "gpt3-1.3b", 8, seq=2048)
+    ctx = ShapeContext(p, False, 1)
+    assert balance_stages([ctx.tables("t4")], [1]) is None  # 21 GB of state on a 16 GB card
+    assert ctx.homogeneous("t4", 2) is None  # the first stage holds two micro-batches too
+    assert ctx.homogeneous("t4", 3) is not None
+
+
+def test_equal_bounds():
+    assert equal_bounds(10, 3) == (0, 4, 7, 10)
+    assert equal_bounds(4, 4) == (0, 1, 2, 3, 4)
+
+
+@given(
+    st.lists(st.floats(1e-3, 1.0), min_size=1, max_size=5),
+    st.lists(st.floats(1e-3, 1.0), min_size=5, max_size=5),
+    st.lists(st.floats(0.0, 0.1), min_size=4, max_size=4),
+    st.integers(1, 9),
+    st.sampled_from(["1f1b", "gpipe"]),
+)
+@settings(max_examples=40, deadline=None)
+def test_closed_form_matches_pipeline_time(fwd, bwd, comm, m, schedule):
+    bwd, comm = bwd[: len(fwd)], comm[: len(fwd) - 1]
+    fill, beat = closed_form(fwd, bwd, comm, schedule)
+    assert fill + (m - 1) * beat == pytest.approx(pipeline_time_s(fwd, bwd, comm, m, schedule))
+
+
+def test_allocate_by_hand():
+    # Two pipelines: a fast one (1 s per micro-batch) and a slow one (2 s), both 1 s to fill.
+    kinds = [Kind(1.0, 1.0, 1, 100), Kind(2.0, 2.0, 1, 100)]
+    t, counts = allocate(kinds, 9)
+    assert counts == [[6], [3]] and t == 6.0
+    # 1F1B minimum: a 4-stage pipeline needs >= 4 micro-batches even if that is slower.
+    t, counts = allocate([Kind(1.0, 1.0, 1, 100), Kind(8.0, 2.0, 4, 100)], 6)
+    assert counts == [[2], [4]] and t == 14.0
+    assert allocate([Kind(1.0, 1.0, 4, 100, count=2)], 7) is None  # needs 8
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.1, 5),
+            st.floats(0.05, 2),
+            st.integers(1, 4),
+            st.integers(1, 8),
+            st.integers(1, 2),
+            st.floats(0, 0.5),
+        ),
+        min_size=1,
+        max_size=2,
+    ),
+    st.integers(1, 20),
+)
+@settings(max_examples=60, deadline=None)
+def test_balance_is_optimal_against_brute_force(spec, total):
+    kinds = [Kind(f, b, lo, max(lo, hi), n, tail) for f, b, lo, hi, n, tail in spec]
+    pipes = [k for k in kinds for _ in range(k.count)]
+    best = math.inf
+    for ms in itertools.product(*[range(k.lo, k.hi + 1) for k in pipes]):
+        if sum(ms) == total:
+            best = min(best, max(k.time(m) for k, m in zip(pipes, ms)))
+    got = allocate(kinds, total)
+    arr = [
+        np.array([getattr(k, a) for k in kinds], dtype=float)
+        for a in ("fill_s", "beat_s", "lo", "hi", "count", "tail_s")
+    ]
+    t_one = balanced_time(*arr[:5], total, arr[5])
+    t_many = balanced_times(*arr[:5], total, arr[5])[0]
+    if best == math.inf:
+        assert got is None and t_one == math.inf and t_many == math.inf
+        return
+    t, counts = got
+    assert t == pytest.approx(best) and t_one == pytest.approx(best)
+    assert t_many == pytest.approx(best)
+    assert sum(map(sum, counts)) == total
+    assert all(k.lo <= m <= k.hi for k, ms in zip(kinds, counts) for m in ms)
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.integers(0, 20), st.data())
+@settings(max_examples=40, deadline=None)
+def test_unbounded_knapsack_against_brute_force(weights, capacity, data):
+    values = np.array([data.draw(st.integers(0, 9)) for _ in weights], dtype=float)
+    f, _ = _unbounded(weights, values, capacity)
+    for w in range(capacity + 1):
+        best = 0
+        for ns in itertools.product(*[range(w // d + 1) for d in weights]):
+            if sum(n * d for n, d in zip(ns, weights)) <= w:
+                best = max(best, sum(n * v for n, v in zip(ns, values)))
+        assert f[w] == best
+
+
+def test_min_time_exact_dp_equals_enumeration():
+    p = problem(cluster(("A100-80GB", 2, 1), ("RTX-4090", 2, 1)), "gpt3-1.3b", 16, seq=2048)
+    ctx = ShapeContext(p, False, 1)
+    comps = [c for c in itertools.product(range(3), range(3)) if any(c)]
+    templates = [(c, t) for c in comps for t in ctx.orders(c)]
+    dp = CountDP(templates, ctx.counts, 16, True)
+    t, _ = min_time(dp, 16, use_tail=False)
+    best = min(
+        layout_time([(templates[i][1], k) for i, k in ms], 16, False)
+        for ms in multisets([c for c, _ in templates], ctx.counts)
+    )
+    assert t == pytest.approx(best)
+    # The per-type knapsack agrees on homogeneous templates alone.
+    items = {k: [x for x in (ctx.homogeneous(k, d) for d in (1, 2)) if x] for k in ctx.keys}
+    homo = [(c, t) for c, t in templates if sum(1 for x in c if x) == 1]
+    t_dp, _ = min_time(CountDP(homo, ctx.counts, 16, True), 16, False)
+    t_ks, _ = min_time(
+        TypeKnapsack(items, dict(zip(ctx.keys, ctx.counts)), [], 16, False, True), 16, False
+    )
+    assert t_ks == pytest.approx(t_dp)
+
+
+def test_count_multisets_matches_enumeration():
+    comps = [(1, 0), (0, 1), (1, 1), (2, 1)]
+    assert count_multisets(comps, (3, 2)) == len(multisets(comps, (3, 2))) == 24
+
+
+def test_placement_keeps_runs_inside_nodes_when_it_can():
+    p = problem(cluster(("A100-80GB", 4, 2), ("RTX-4090", 4, 1)), "gpt3-350m", 8)
+    got = place(p, [(("a100-80gb", 3),), (("a100-80gb", 3),), (("rtx-4090", 2), ("a100-80gb", 2))])
+    nodes = [{p.cluster.devices[d].node for d in devs} for devs in got]
+    assert nodes[0] == {0} or nodes[0] == {1}
+    assert len(nodes[1]) == 1 and nodes[0] != nodes[1]
+    assert len({d for devs in got for d in devs}) == 10
+    assert place(p, [(("rtx-4090", 5),)]) is None
