@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetpp.cli.plan import add_problem_arguments, problem_from, search_progress
+from hetpp.cli._options import add_problem_arguments, problem_from, search_progress
 from hetpp.planner import STRATEGIES, plan
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible

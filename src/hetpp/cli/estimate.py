@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from hetpp.cli._options import add_profile_argument
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.profile.table import load_profiles
 from hetpp.report.tables import print_step, step_dict
@@ -26,13 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("plan", help="plan JSON file (from `hetpp plan`)")
-    p.add_argument(
-        "--profile",
-        nargs="*",
-        default=[],
-        metavar="CSV",
-        help="measured profiles; they replace the estimate for their GPU types",
-    )
+    add_profile_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=run)
 

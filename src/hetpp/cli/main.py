@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -11,13 +12,15 @@ from hetpp.specs.errors import SpecError
 
 
 def _command_modules() -> list[str]:
-    """Every module in hetpp.cli except this one: each exposes `register(subparsers)`.
+    """Every module in hetpp.cli except this one and `_private` ones: each exposes
+    `register(subparsers)`.
 
     Heavy imports (torch, matplotlib) stay inside the command functions, so `hetpp --help` and the
     planning commands start fast."""
     import hetpp.cli
 
-    return sorted(m.name for m in pkgutil.iter_modules(hetpp.cli.__path__) if m.name != "main")
+    names = (m.name for m in pkgutil.iter_modules(hetpp.cli.__path__))
+    return sorted(n for n in names if n != "main" and not n.startswith("_"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stdout.isatty():
+        # rich falls back to 80 columns when piped, which squeezes the wide plan tables into
+        # unreadable cells; logs and CI output can afford more.
+        os.environ.setdefault("COLUMNS", "140")
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

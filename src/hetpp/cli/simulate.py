@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from hetpp.cli._options import add_profile_argument
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.profile.table import load_profiles
 from hetpp.specs.plan import load_plan
@@ -29,13 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("plan", help="plan JSON file (from `hetpp plan`)")
-    p.add_argument(
-        "--profile",
-        nargs="*",
-        default=[],
-        metavar="CSV",
-        help="measured profiles; they replace the estimate for their GPU types",
-    )
+    add_profile_argument(p)
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the step")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=run)

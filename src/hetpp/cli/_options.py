@@ -1,0 +1,127 @@
+"""Options several commands share, so they parse the same way (not a command: `main` skips
+modules whose name starts with an underscore)."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+
+from hetpp.planner import Problem
+from hetpp.planner.problem import DEFAULT_MICRO_BATCH_SIZES
+from hetpp.profile.table import load_profiles
+from hetpp.specs.cluster import load_cluster
+from hetpp.specs.errors import SpecError
+from hetpp.specs.presets import load_model_config
+from hetpp.specs.train import DTYPE_BYTES, TrainSpec
+
+
+def add_profile_argument(p: argparse.ArgumentParser) -> None:
+    """`--profile CSV ...`: measured profiles that replace the estimate for their GPU types."""
+    p.add_argument(
+        "--profile",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="measured profiles; they replace the estimate for their GPU types",
+    )
+
+
+def add_problem_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that describe a planning problem (shared by `plan` and `compare`)."""
+    p.add_argument("--cluster", required=True, help="cluster YAML file")
+    p.add_argument(
+        "--model", required=True, help="preset name or Hugging Face config.json (or hetpp YAML)"
+    )
+    p.add_argument(
+        "--global-batch", type=int, required=True, help="samples (sequences) per optimizer step"
+    )
+    p.add_argument(
+        "--seq-len", type=int, help="tokens per sample (default: 2048, or the model's maximum)"
+    )
+    p.add_argument(
+        "--micro-batch-sizes",
+        type=_int_list,
+        default=DEFAULT_MICRO_BATCH_SIZES,
+        metavar="1,2,4,8",
+        help="candidate micro-batch sizes (default 1,2,4,8)",
+    )
+    add_profile_argument(p)
+    p.add_argument(
+        "--recompute",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="activation recomputation: auto plans both ways and keeps the faster",
+    )
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
+    p.add_argument(
+        "--reserve-gb",
+        type=float,
+        default=TrainSpec.model_fields["reserve_gb"].default,
+        help="memory held back per device for context and workspaces (default 2 GB)",
+    )
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def problem_from(args: argparse.Namespace) -> Problem:
+    """Build the planning problem from parsed options (files read and validated here)."""
+    from hetpp.specs.model import ModelSpec
+
+    cluster = load_cluster(args.cluster)
+    config = load_model_config(args.model)
+    seq_len = args.seq_len or min(2048, config.max_seq_len)
+    if args.global_batch < 1:
+        raise SpecError("must be positive", field="--global-batch")
+    if seq_len > config.max_seq_len:
+        raise SpecError(
+            f"{seq_len} exceeds {config.name}'s max_seq_len {config.max_seq_len}", field="--seq-len"
+        )
+    train = TrainSpec(
+        global_batch=args.global_batch,
+        seq_len=seq_len,
+        precision=args.precision,
+        schedule=args.schedule,
+        reserve_gb=args.reserve_gb,
+    )
+    model = ModelSpec(config=config, seq_len=seq_len, dtype_bytes=DTYPE_BYTES[args.precision])
+    return Problem(
+        model=model,
+        cluster=cluster,
+        train=train,
+        micro_batch_sizes=args.micro_batch_sizes,
+        recompute_mode=args.recompute,
+        profiles=load_profiles(args.profile) if args.profile else None,
+    )
+
+
+@contextmanager
+def search_progress(enabled: bool = True):
+    """A transient progress bar on stderr; yields the callback the search reports to."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("searching", total=1.0)
+
+        def report(fraction: float, what: str) -> None:
+            bar.update(task, completed=fraction, description=f"searching: {what}")
+
+        yield report
