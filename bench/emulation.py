@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from hetpp.runtime.metrics import load_metrics, summarize
+from hetpp.demo.runs import train_plan
 from hetpp.specs import PRESETS, Cluster, PipelinePlan, Plan, StagePlan
 
 SLOWDOWN = 3.0
@@ -69,16 +68,7 @@ def plan(model: str, seq_len: int, mbs: int, micro_batches: tuple[int, int]) -> 
 
 def measure(p: Plan, steps: int, work: Path) -> dict:
     """Train `p` with `hetpp train --emulate`; the measured summary of its metrics."""
-    p.save(work / "plan.json")
-    metrics = work / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    args = (
-        f"train --plan {work / 'plan.json'} --emulate --steps {steps} --metrics {metrics} "
-        "--timeout-s 120"
-    )
-    cmd = [sys.executable, "-m", "hetpp.cli.main", *args.split()]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return summarize(load_metrics(metrics))
+    return train_plan(p, steps, work, "plan")
 
 
 def main() -> int:
@@ -141,7 +131,7 @@ def main() -> int:
         f"{m * args.micro_batch_size}, micro-batch {args.micro_batch_size}, 1F1B, AdamW, float32, "
         f"gloo) on one CPU machine ({os.cpu_count()} cores, shared with other work): device 0 "
         f"runs at the machine's speed, device 1 is emulated {SLOWDOWN:g}x slower (`--emulate`: "
-        "each forward/backward is followed by a sleep of (factor - 1) x its CPU time). Each plan "
+        "each forward/backward lasts factor x its CPU time, the rest of it asleep). Each plan "
         f"ran {args.repeats} times, interleaved; per run, the median over steps 2..{args.steps} "
         "of the step time (from `--metrics`); the table shows the median run, with its compute "
         "time per rank (stretching included).\n\n"

@@ -12,6 +12,7 @@ PURE = [
     "hetpp.planner",
     "hetpp.sim",
     "hetpp.report.tables",
+    "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
 ]
 
 

@@ -45,3 +45,16 @@ def test_kept_bytes_are_what_autograd_saves():
     assert two[2] == 2 * one[2]  # activations scale with the micro-batch; weights are not counted
     emb = profile_layer(c, "embedding", 2, 16, torch.device("cpu"), torch.float32, 0, 1)
     assert emb[2] == 2 * 16 * 8 + 16 * 8  # int64 token ids and the int64 learned positions
+
+
+def test_a_cold_profile_evicts_the_caches_before_every_timed_call(monkeypatch):
+    from hetpp.runtime import profiler
+
+    evictions: list[bool] = []
+    monkeypatch.setattr(profiler, "_evict", lambda buffer: evictions.append(buffer is not None))
+    c, cpu = PRESETS["tiny-gpt"], torch.device("cpu")
+    profile_layer(c, "block", 1, 16, cpu, torch.float32, warmup=1, repeats=2, cold=True)
+    assert evictions == [True] * 6  # before each forward and each backward, warm-up included
+    evictions.clear()
+    profile_layer(c, "block", 1, 16, cpu, torch.float32, warmup=1, repeats=2)
+    assert evictions == [False] * 6

@@ -80,14 +80,16 @@ class MetricsLog:
             self._file.close()
 
 
+def parse_record(line: str) -> StepMetrics:
+    """One line of a metrics JSONL file."""
+    d = json.loads(line)
+    d.update({k: tuple(d[k]) for k in ("compute_s", "wait_s", "comm_s")})
+    return StepMetrics(**d)
+
+
 def load_metrics(path: str | Path) -> list[StepMetrics]:
     """Read a metrics JSONL file back."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        d = json.loads(line)
-        d.update({k: tuple(d[k]) for k in ("compute_s", "wait_s", "comm_s")})
-        out.append(StepMetrics(**d))
-    return out
+    return [parse_record(line) for line in Path(path).read_text().splitlines()]
 
 
 def print_summary(records: list[StepMetrics], devices: list[int]) -> None:

@@ -3,11 +3,14 @@ gradient sync when the step's last backward begins.
 
 How: `PipelineStage.forward_one_chunk` / `backward_one_chunk` are the two calls in which a schedule
 runs this stage's compute for one micro-batch (receives and sends happen around them). The subclass
-times each call and, when emulating, then sleeps `compute * (factor - 1)`, so the micro-batch takes
-`factor x` its compute time, as it would on a device `factor x` slower. `compute` is the calling
-thread's CPU time (one intra-op thread per rank, as the launcher sets on a shared CPU). Sleeping
-(not spinning) leaves the CPU to the other ranks of the box. It is a test and demo harness, not
-a model of a GPU.
+times each call and, when emulating, then sleeps until `compute * factor` has passed since the call
+began, so the micro-batch takes `factor x` its compute time, as it would on a device `factor x`
+slower. `compute` is the calling thread's CPU time (one intra-op thread per rank, as the launcher
+sets on a shared CPU), so time the rank spends descheduled while other processes run is not part
+of the emulated device's time (sleeping `compute * (factor - 1)` after the call, as first built,
+added it on top: on a busy 2-core box calls took 1.3-2.8x their CPU time before the sleep).
+Sleeping (not spinning) leaves the CPU to the other ranks of the box. It is a test and demo
+harness, not a model of a GPU.
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ class TimedStage(PipelineStage):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # kernels are asynchronous; time their completion
         if self.slowdown > 1.0:
-            # Stretch by this thread's CPU time, not wall time: on a shared CPU, time spent
-            # descheduled while other ranks run would otherwise be multiplied by the factor too.
-            time.sleep((time.thread_time() - cpu0) * (self.slowdown - 1.0))
+            # The call ends `factor x` its CPU time after it began: CPU time, not wall time, so
+            # that time spent descheduled (other ranks or other work on a shared CPU) is neither
+            # multiplied by the factor nor added on top of the emulated duration.
+            target = (time.thread_time() - cpu0) * self.slowdown
+            time.sleep(max(0.0, target - (time.perf_counter() - t0)))
         self.compute_s += time.perf_counter() - t0
         return out
 
