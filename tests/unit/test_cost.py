@@ -135,3 +135,14 @@ def test_two_pipelines_sync_waits_for_the_slower(small_cluster):
     assert bucket.owners == (0, 2) and bucket.ready_s == max(step.pipeline_time_s)
     assert step.iteration_time_s >= bucket.end_s
     assert step.throughput_samples_per_s == pytest.approx(8 / step.iteration_time_s)
+
+
+def test_fp32_training_keeps_fp32_grads_and_no_master_copy():
+    # AdamW in fp32: weights 4 + grads 4 + m 4 + v 4 bytes; what `hetpp train` runs today.
+    t = TrainSpec(global_batch=8, precision="fp32")
+    assert (t.dtype_bytes, t.grad_bytes_per_param, t.optimizer_bytes_per_param) == (4, 4, 8.0)
+    assert TrainSpec(global_batch=8).state_bytes_per_param == 16  # bf16 mixed precision
+    assert (
+        TrainSpec(global_batch=8, precision="fp32", grad_bytes_per_param=2).grad_bytes_per_param
+        == 2
+    )

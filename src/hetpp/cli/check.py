@@ -11,7 +11,7 @@ from hetpp.profile.table import load_profiles
 from hetpp.specs.cluster import Cluster, load_cluster
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import load_plan
-from hetpp.specs.presets import load_model
+from hetpp.specs.presets import load_model, load_model_config
 
 EXAMPLES = """examples:
   hetpp check --cluster examples/a100-v100.yaml
@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cluster", help="cluster YAML file")
     p.add_argument("--model", help="preset name, Hugging Face config.json, or ModelConfig file")
-    p.add_argument("--seq-len", type=int, default=2048, help="sequence length (default 2048)")
+    p.add_argument(
+        "--seq-len", type=int, help="sequence length (default: 2048, or the model's maximum)"
+    )
     p.add_argument("--plan", help="plan JSON file; checked against --cluster when given")
     p.add_argument("--profile", nargs="*", default=[], metavar="CSV", help="profile CSV files")
     p.set_defaults(func=run)
@@ -62,11 +64,15 @@ def cluster_table(cluster: Cluster) -> Table:
 def model_lines(model: ModelSpec) -> list[str]:
     c = model.config
     return [
-        f"model {c.name}: {c.family}, {model.total_params / 1e9:.3f} B parameters, "
+        f"model {c.name}: {c.family}, {_count(model.total_params)} parameters, "
         f"{c.num_layers} blocks (layer list of {model.num_layers}: embedding, blocks, head)",
         f"hidden {c.hidden_size}, heads {c.num_heads} (kv {c.kv_heads}), ffn {c.ffn_hidden_size}, "
         f"vocab {c.vocab_size}, seq {model.seq_len}, tied embeddings: {c.tie_embeddings}",
     ]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.3f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if cluster:
         console.print(cluster_table(cluster))
     if args.model:
-        for line in model_lines(load_model(args.model, args.seq_len)):
+        seq_len = args.seq_len or min(2048, load_model_config(args.model).max_seq_len)
+        for line in model_lines(load_model(args.model, seq_len)):
             console.print(line)
     if args.plan:
         plan = load_plan(args.plan, cluster)

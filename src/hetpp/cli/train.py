@@ -14,8 +14,9 @@ EXAMPLES = """examples:
   hetpp train --plan plan.json --checkpoint-dir ckpt --resume --steps 100
 
 several nodes: run on each node (same plan file; rank r plays the plan's r-th device by id)
-  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+  torchrun --nnodes 2 --node-rank K --nproc-per-node 4 --master-addr HOST --master-port 29500 \\
       -m hetpp.train --plan plan.json --steps 20
+  (node K in cluster-file order: a static rank order keeps rank r on the plan's device r)
 """
 
 

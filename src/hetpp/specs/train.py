@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveInt, model_validator
 
 Schedule = Literal["1f1b", "gpipe"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -24,16 +24,27 @@ class TrainSpec(BaseModel):
     precision: Precision = "bf16"
     """Weights/activations dtype; bf16/fp16 imply mixed precision with fp32 master weights."""
     grad_bytes_per_param: PositiveInt = 2
-    """Bytes of each gradient element (2 for bf16 grads, 4 for fp32 accumulation)."""
+    """Bytes of each gradient element (2 for bf16 grads, 4 for fp32; fp32 training defaults
+    to 4)."""
     optimizer_bytes_per_param: NonNegativeFloat = 12.0
     """Optimizer state per parameter: fp32 master + Adam m and v = 12 bytes (16 with weights
-    and grads in bf16, the usual mixed-precision Adam figure)."""
+    and grads in bf16, the usual mixed-precision Adam figure); fp32 training has no master copy
+    and defaults to 8."""
     recompute: bool = False
     """Full activation recomputation: keep only each layer's input, redo forward in backward."""
     schedule: Schedule = "1f1b"
     """Pipeline schedule: 1F1B (bounded in-flight micro-batches) or GPipe (all in flight)."""
     reserve_gb: NonNegativeFloat = 2.0
     """Memory held back on every device for the CUDA context, allocator slack and workspaces."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp32_defaults(cls, data: Any) -> Any:
+        """fp32 training keeps fp32 gradients and no master copy: 4 + 4 + 8 = 16 bytes with
+        the weights, unless the caller says otherwise."""
+        if isinstance(data, dict) and data.get("precision") == "fp32":
+            data = {"grad_bytes_per_param": 4, "optimizer_bytes_per_param": 8.0, **data}
+        return data
 
     @property
     def dtype_bytes(self) -> int:
