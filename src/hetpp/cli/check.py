@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from hetpp.cli._options import add_profile_argument
 from hetpp.profile.table import load_profiles
 from hetpp.specs.cluster import Cluster, load_cluster
 from hetpp.specs.model import ModelSpec
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seq-len", type=int, help="sequence length (default: 2048, or the model's maximum)"
     )
     p.add_argument("--plan", help="plan JSON file; checked against --cluster when given")
-    p.add_argument("--profile", nargs="*", default=[], metavar="CSV", help="profile CSV files")
+    add_profile_argument(p)
     p.set_defaults(func=run)
 
 

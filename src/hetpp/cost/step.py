@@ -174,7 +174,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {s.device: _optimizer_s(cm, s) for s in stages}
+    opt = {s.device: optimizer_time_s(cm, s) for s in stages}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     iteration = max(max(end[d], pipe_end[d]) + opt[d] for d in end)
@@ -189,7 +189,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     )
 
 
-def _optimizer_s(cm: CostModel, stage: StageCost) -> float:
+def optimizer_time_s(cm: CostModel, stage: StageCost) -> float:
     """The optimizer reads and writes every state byte once: memory-bound."""
     m = stage.memory
     return 2 * (m.weights + m.grads + m.optimizer) / cm.cluster.gpu(stage.device).mem_bw_bytes_per_s

@@ -13,7 +13,7 @@ import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s
 from hetpp.cost.compute import CostModel
-from hetpp.cost.step import StageCost, _optimizer_s, stage_costs, sync_buckets
+from hetpp.cost.step import StageCost, optimizer_time_s, stage_costs, sync_buckets
 from hetpp.sim.engine import Collective, RankProgram, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
 from hetpp.sim.schedule import stage_actions
@@ -94,7 +94,7 @@ def plan_programs(
                     next=r + 1 if s < n - 1 else None,
                     send_next_s=st.send_s,
                     send_prev_s=stages[r - 1].send_s if s > 0 else 0.0,
-                    opt_s=_optimizer_s(cm, st),
+                    opt_s=optimizer_time_s(cm, st),
                     name=f"device {st.device}",
                 )
             )
