@@ -1,5 +1,5 @@
-"""Emulation makes each forward and backward of a stage last its device's slowdown factor times its
-CPU time, however long the process spends descheduled within it."""
+"""Emulation inside a real torch.distributed.pipelining schedule: the stage's forwards and backwards
+are the calls that get stretched."""
 
 from __future__ import annotations
 
@@ -69,12 +69,12 @@ def _emulated(rank: int, world: int, init: str, slowdown: float, idle_s: float) 
 
 
 @pytest.mark.parametrize("idle_s", [0.0, CPU_S])
-def test_emulated_stage_lasts_factor_times_its_cpu_time(idle_s):
+def test_emulated_stage_in_a_real_schedule_lasts_at_least_factor_times_its_cpu_time(idle_s):
+    # Lower bounds only: a busy machine can stretch any call, but no call can end before its CPU
+    # time (the burn loop) or its sleep. The exact arithmetic is tested with a fake clock in
+    # tests/unit/test_runtime_stage.py.
     calls = 4  # 2 micro-batches x (forward + backward)
     (plain,) = run_ranks(_emulated, 1, 1.0, idle_s)
     (slow,) = run_ranks(_emulated, 1, 3.0, idle_s)
-    slack = 0.5 * calls * CPU_S  # bookkeeping around the compute
-    # Unemulated: the calls' wall time, off-CPU time included.
-    assert calls * (CPU_S + idle_s) <= plain < calls * (CPU_S + idle_s) + slack
-    # Emulated 3x: 3 x the CPU time; time off the CPU (less than that) is absorbed, not added.
-    assert 3 * calls * CPU_S <= slow < 3 * calls * CPU_S + slack
+    assert plain >= calls * (CPU_S + idle_s)
+    assert slow >= 3 * calls * CPU_S

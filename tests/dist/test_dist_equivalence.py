@@ -49,11 +49,10 @@ CASES = {
             pipeline([1, 2, 3], [0, 1, 5, 6], 2, 3),
             pipeline([4, 5], [0, 2, 6], 1, 2),
         ],
-        # AdamW's normalised update turns fp32 rounding of near-zero gradient entries into
-        # differences up to ~lr x their relative error (4.7e-6 at lr 1e-3 even between two
-        # single-process runs that differ only in micro-batching), so fp32 AdamW runs at 1e-4.
+        # fp32 AdamW at its default lr: the reference mirrors the micro-batches, so AdamW's
+        # lr/eps amplification of near-zero gradient entries finds no rounding to amplify.
         "gpipe",
-        {"dtype": "float32", "lr": 1e-4},
+        {"dtype": "float32"},
     ),
     "gpt-2pipes-4+3-fp32-sgd-clip": (
         "tiny-gpt",

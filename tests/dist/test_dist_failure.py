@@ -41,7 +41,11 @@ def _wait_for_steps(path, n: int, timeout_s: float) -> None:
 def test_a_lost_rank_stops_the_others(fault, tmp_path):
     plan = make_plan("tiny-gpt", [pipeline([0, 1], [0, 3, 6], 2, 2), pipeline([2], [0, 6], 2, 2)])
     plan.save(tmp_path / "plan.json")
-    timeout_s = 6.0
+    # A dead peer must be noticed at once (closed sockets): its case runs with a collective
+    # timeout far beyond the join below, so waiting for the timeout fails the test. A silent
+    # (stopped) peer is noticed by the timeout.
+    timeout_s = 120.0 if fault == "kill" else 6.0
+    join_s = 60.0 if fault == "kill" else timeout_s + 30
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
     opts = TrainOptions(
         plan=str(tmp_path / "plan.json"),
@@ -59,12 +63,9 @@ def test_a_lost_rank_stops_the_others(fault, tmp_path):
             p.start()
         _wait_for_steps(metrics, 5, timeout_s=60)
         os.kill(procs[1].pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-        lost = time.monotonic()
         for r in (0, 2):
-            procs[r].join(timeout=timeout_s + 10)
+            procs[r].join(timeout=join_s)
             assert procs[r].exitcode not in (None, 0), f"rank {r} did not stop"
-        # A dead peer is noticed at once (closed sockets); a silent one after the timeout.
-        assert time.monotonic() - lost < (5 if fault == "kill" else timeout_s + 5)
     finally:
         for p in procs:
             if p.is_alive():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -104,13 +103,13 @@ def test_hetpp_train_stops_every_rank_when_one_fails(tmp_path):
     Plan(global_batch=4, seq_len=16, model=c, pipelines=(pipe,)).save(tmp_path / "plan.json")
     args = (
         f"train --plan {tmp_path / 'plan.json'} --steps 3 --checkpoint-dir {ckpt} --resume "
-        "--timeout-s 60"
+        "--timeout-s 600"
     )
     cmd = [sys.executable, "-m", "hetpp.cli.main", *args.split()]
-    started = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    # The others notice the lost peer at once: waiting for the 600 s collective timeout would
+    # overrun the subprocess timeout and fail the test.
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode in (1, 2), out.stdout + out.stderr
-    assert time.monotonic() - started < 50  # the others notice the lost peer, not the timeout
     assert "hetpp rank 1: failed while loading the checkpoint: " in out.stderr
     assert "layer_0003.pt: unreadable layer file" in out.stderr
     assert "hetpp train: failed (exit codes rank 0: 1, rank 1: 2, rank 2: 1)" in out.stderr
