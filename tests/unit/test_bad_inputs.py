@@ -12,6 +12,7 @@ import pytest
 
 from hetpp.cli.main import main
 from hetpp.specs import PRESETS, Cluster, Plan
+from hetpp.specs.plan import V1_TRAIN_FIELDS
 
 GOOD_NODES = "nodes:\n  - {gpu: A100-80GB, gpus_per_node: 2, intra_node_GBps: 300}\n"
 CLUSTER_CASES = {
@@ -84,7 +85,8 @@ def _plan_dict(**over) -> dict:
                                        {"devices": [1], "layers": [3, 6]}],
                             "micro_batch_size": 1, "num_micro_batches": 4}])  # fmt: skip
     d = json.loads(plan.to_json())
-    d.update(over)
+    for key, value in over.items():
+        (d["train"] if key in V1_TRAIN_FIELDS else d)[key] = value
     return d
 
 
@@ -107,6 +109,8 @@ PLAN_CASES = {
     "too-few-micro-batches": (_plan_dict(global_batch=1, pipelines=[
         _pipe([(0, [0, 3]), (1, [3, 6])], m=1)]), "1F1B needs num_micro_batches >= stages"),
     "wrong-version": (_plan_dict(version=7), "version"),
+    "fp32-negative-optimizer-bytes": (_plan_dict(precision="fp32", optimizer_bytes_per_param=-1),
+                                      "train.optimizer_bytes_per_param"),
     "negative-mbs": (_plan_dict(pipelines=[_pipe([(0, [0, 6])], mbs=-1)]),
                      "pipelines[0].micro_batch_size"),
     "bad-grad-blocks": (_plan_dict(grad_blocks=[{"layers": [0, 6], "owners": [0]}]),

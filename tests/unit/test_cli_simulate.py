@@ -7,9 +7,10 @@ import simcases
 from hetpp.cli.main import main
 
 
-def _files(tmp_path, **plan_updates):
+def _files(tmp_path, **train_updates):
     plan = simcases.plan([([(0, (0, 6))], 4), ([(2, (0, 3)), (3, (3, 6))], 4)])
-    plan.model_copy(update=plan_updates).save(tmp_path / "plan.json")
+    train = plan.train.model_copy(update=train_updates)
+    plan.model_copy(update={"train": train}).save(tmp_path / "plan.json")
     simcases.profiles().save(tmp_path / "prof.csv")
     return str(tmp_path / "plan.json"), str(tmp_path / "prof.csv")
 

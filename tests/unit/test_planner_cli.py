@@ -48,7 +48,7 @@ def test_plan_json_baseline_strategy_and_options(tmp_path, capsys):
     entry = json.loads(capsys.readouterr().out)
     assert entry["strategy"] == "data-balanced" and entry["feasible"]
     plan = entry["plan"]
-    assert plan["recompute"] is True and plan["schedule"] == "gpipe"
+    assert plan["train"]["recompute"] is True and plan["train"]["schedule"] == "gpipe"
     assert {p["micro_batch_size"] for p in plan["pipelines"]} <= {2, 4}
     assert entry["search_time_s"] >= 0 and isinstance(entry["unused_devices"], list)
 

@@ -18,7 +18,7 @@ def check_plan(p: Problem, r) -> None:
     """Valid plan, fits memory, batch conserved, estimate = full cost, self-describing."""
     plan_ = r.final_plan()
     plan_.validate_plan()
-    step = step_cost(plan_, p.cost_model(plan_.recompute))
+    step = step_cost(plan_, p.cost_model(plan_.train.recompute))
     assert step.fits
     assert sum(x.batch for x in plan_.pipelines) == p.global_batch
     assert step.iteration_time_s == pytest.approx(r.iteration_time_s)
@@ -26,7 +26,7 @@ def check_plan(p: Problem, r) -> None:
     assert plan_.model == p.model.config and plan_.cluster == p.cluster
     assert plan_.strategy == r.strategy
     if p.recompute_mode != "auto":
-        assert plan_.recompute == (p.recompute_mode == "on")
+        assert plan_.train.recompute == (p.recompute_mode == "on")
 
 
 @given(small_problems())
@@ -61,10 +61,10 @@ def test_hpp_plan_on_a_mixed_cluster_uses_both_types_and_reports_unused():
 
 def test_recompute_modes():
     p = problem(cluster(("V100-16GB", 4, 1)), "gpt3-1.3b", 16, seq=2048, recompute_mode="on")
-    assert plan(p, "hpp").plan.recompute is True
+    assert plan(p, "hpp").plan.train.recompute is True
     p = problem(cluster(("V100-16GB", 4, 1)), "gpt3-1.3b", 16, seq=2048, recompute_mode="off")
     r = plan(p, "hpp")
-    assert r.plan.recompute is False
+    assert r.plan.train.recompute is False
     check_plan(p, r)
 
 

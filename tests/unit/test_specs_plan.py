@@ -1,7 +1,10 @@
+import json
+
 import pytest
+from pydantic import ValidationError
 
 from hetpp.specs import PRESETS, Plan, SpecError, load_plan
-from hetpp.specs.plan import derive_grad_blocks
+from hetpp.specs.plan import PLAN_VERSION, derive_grad_blocks
 
 
 def make_plan(cluster, pipelines, batch=None, **kw):
@@ -70,3 +73,25 @@ def test_plan_for_another_cluster_is_rejected(small_cluster):
     plan = make_plan(small_cluster, [pipe([(0, (0, 6))])])
     with pytest.raises(SpecError, match="made for cluster 'small'"):
         plan.validate_plan(other)
+
+
+def test_a_version_1_file_is_upgraded_and_gets_trainspec_defaults(small_cluster, tmp_path):
+    # Version 1 kept TrainSpec's fields at the top level with defaults of its own: an fp32 plan
+    # was costed with 2 B gradients and 12 B optimizer state. Upgraded, TrainSpec's fp32
+    # defaults (4 and 8) apply, as they do for the planner.
+    v2 = make_plan(small_cluster, [pipe([(0, (0, 6))], mbs=2, m=2)], precision="fp32")
+    v1 = json.loads(v2.to_json())
+    v1.update(version=1, **v1.pop("train"))
+    for key in ("grad_bytes_per_param", "optimizer_bytes_per_param"):
+        del v1[key]
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    loaded = load_plan(tmp_path / "v1.json")
+    assert loaded.version == PLAN_VERSION == 2
+    assert loaded.train.grad_bytes_per_param == 4 and loaded.train.optimizer_bytes_per_param == 8
+    assert loaded == v2
+    assert json.loads(loaded.to_json())["train"]["precision"] == "fp32"
+
+
+def test_the_embedded_trainspec_validates_itself(small_cluster):
+    with pytest.raises(ValidationError, match="optimizer_bytes_per_param"):
+        make_plan(small_cluster, [pipe([(0, (0, 6))])], optimizer_bytes_per_param=-1)

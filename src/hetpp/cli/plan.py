@@ -115,7 +115,7 @@ def print_plan(problem: Problem, result: PlanResult) -> None:
         f"iteration {step.iteration_time_s:.3f} s (pipelines {max(step.pipeline_time_s):.3f} s, "
         f"exposed sync {step.exposed_sync_s:.3f} s, optimizer {step.optimizer_s:.3f} s), "
         f"throughput {step.throughput_samples_per_s:.2f} samples/s, "
-        f"recompute {'on' if plan.recompute else 'off'}, search {result.search_time_s:.2f} s"
+        f"recompute {'on' if plan.train.recompute else 'off'}, search {result.search_time_s:.2f} s"
     )
     if unused:
         console.print(f"unused devices: {_ranges(unused)}")

@@ -11,7 +11,6 @@ from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
-from hetpp.specs.train import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -83,10 +82,8 @@ def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
         raise SpecError(
             "the plan names no cluster; re-plan it or add a `cluster` key", field="cluster"
         )
-    model = ModelSpec(
-        config=plan.model, seq_len=plan.seq_len, dtype_bytes=DTYPE_BYTES[plan.precision]
-    )
-    return CostModel(model, plan.train_spec(), plan.cluster, profiles)
+    model = ModelSpec(config=plan.model, seq_len=plan.seq_len, dtype_bytes=plan.train.dtype_bytes)
+    return CostModel(model, plan.train, plan.cluster, profiles)
 
 
 def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]]:

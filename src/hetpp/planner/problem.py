@@ -119,18 +119,10 @@ class Problem:
 
     def plan_fields(self, recompute: bool) -> dict:
         """Plan fields that record what the plan was made for, so other tools can use it alone."""
-        t = self.train
         return dict(
-            global_batch=t.global_batch,
-            seq_len=t.seq_len,
-            schedule=t.schedule,
+            train=self.train.model_copy(update={"recompute": recompute}),
             model=self.model.config,
             cluster=self.cluster,
-            precision=t.precision,
-            recompute=recompute,
-            optimizer_bytes_per_param=t.optimizer_bytes_per_param,
-            grad_bytes_per_param=t.grad_bytes_per_param,
-            reserve_gb=t.reserve_gb,
         )
 
 

@@ -6,15 +6,28 @@ import itertools
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
 from hetpp.specs.model import ModelConfig
-from hetpp.specs.train import Precision, Schedule, TrainSpec
+from hetpp.specs.train import Schedule, TrainSpec
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+"""2: the TrainSpec is embedded under `train`. Version 1 files (its fields at the top level) are
+upgraded on read by `Plan._upgrade_v1`."""
+V1_TRAIN_FIELDS = (
+    "global_batch",
+    "seq_len",
+    "schedule",
+    "precision",
+    "recompute",
+    "optimizer_bytes_per_param",
+    "grad_bytes_per_param",
+    "reserve_gb",
+)
+"""The TrainSpec fields a version 1 plan kept at its top level."""
 
 
 class StagePlan(BaseModel):
@@ -86,9 +99,10 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     version: int = PLAN_VERSION
-    global_batch: PositiveInt
-    seq_len: PositiveInt
-    schedule: Schedule = "1f1b"
+    """Plan format version (`PLAN_VERSION`; version 1 files are upgraded on read)."""
+    train: TrainSpec
+    """The training settings the plan was made for: batch, sequence length, precision, state
+    bytes, recomputation, schedule, reserve. One source for planner, cost model and runtime."""
     pipelines: tuple[PipelinePlan, ...] = Field(min_length=1)
     grad_blocks: tuple[GradBlock, ...] | None = None
     """Derived from the stages; recomputed when missing."""
@@ -99,11 +113,30 @@ class Plan(BaseModel):
     """The cluster the plan was made for; needed for estimates and simulation."""
     strategy: str = "manual"
     """Which planner strategy produced this plan."""
-    precision: Precision = "bf16"
-    recompute: bool = False
-    optimizer_bytes_per_param: float = 12.0
-    grad_bytes_per_param: int = 2
-    reserve_gb: float = 2.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_v1(cls, data: Any) -> Any:
+        """Version 1 kept the TrainSpec's fields at the top level (with defaults of its own that
+        bypassed TrainSpec's, so an fp32 v1 plan was costed with bf16 state bytes): move them
+        under `train`, where TrainSpec's own defaults and validators apply."""
+        if not isinstance(data, dict) or data.get("version", 1) != 1 or "train" in data:
+            return data
+        data = dict(data)
+        train = {k: data.pop(k) for k in V1_TRAIN_FIELDS if k in data}
+        return {**data, "version": PLAN_VERSION, "train": train}
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.global_batch
+
+    @property
+    def seq_len(self) -> int:
+        return self.train.seq_len
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.train.schedule
 
     @property
     def num_layers(self) -> int:
@@ -112,18 +145,6 @@ class Plan(BaseModel):
     @property
     def num_devices(self) -> int:
         return sum(len(p.stages) for p in self.pipelines)
-
-    def train_spec(self) -> TrainSpec:
-        return TrainSpec(
-            global_batch=self.global_batch,
-            seq_len=self.seq_len,
-            precision=self.precision,
-            recompute=self.recompute,
-            schedule=self.schedule,
-            optimizer_bytes_per_param=self.optimizer_bytes_per_param,
-            grad_bytes_per_param=self.grad_bytes_per_param,
-            reserve_gb=self.reserve_gb,
-        )
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""
@@ -143,7 +164,7 @@ class Plan(BaseModel):
         if self.seq_len > self.model.max_seq_len:
             raise SpecError(
                 f"{self.seq_len} exceeds the model's max_seq_len {self.model.max_seq_len}",
-                field="seq_len",
+                field="train.seq_len",
             )
         seen: dict[int, str] = {}
         for p, pipe in enumerate(self.pipelines):
