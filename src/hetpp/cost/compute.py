@@ -112,7 +112,7 @@ class CostModel:
         return self._cache[key]
 
     def _build(self, gpu: GpuType, mbs: int) -> LayerCosts:
-        layers, s = self.model.layers, self.model.seq_len
+        layers = self.model.layers
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
         fwd, bwd, saved, full = [], [], [], []
@@ -120,7 +120,7 @@ class CostModel:
             if table is not None:
                 f, b, act = table.lookup(gpu.name, layer.kind, mbs)
             else:
-                f, b = estimate_layer(layer, s, mbs, gpu, self.calibration)
+                f, b = estimate_layer(layer, self.model, mbs, gpu, self.calibration)
                 act = layer.saved_bytes_per_sample * mbs
             fwd.append(f)
             bwd.append(b + (f if self.train.recompute else 0.0))

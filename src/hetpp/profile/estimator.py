@@ -1,20 +1,38 @@
 """Layer-time estimates for catalog GPUs: a roofline sum calibrated on measured data.
 
-For a layer call with F FLOPs and B bytes of activation traffic on a GPU with peak rate P and
-memory bandwidth W, the estimate is
+For a layer call with F FLOPs and B bytes of memory traffic on a GPU with peak rate P and memory
+bandwidth W, the estimate is
 
     t = a * F / P  +  b * B / W  +  c
 
-with (a, b, c) fitted per layer kind and direction (forward, backward) by least squares on
-*relative* error over measured rows. `a` is 1 / (sustained matmul efficiency), `b` folds the
-elementwise passes (norms, activations, softmax) over the activation bytes, `c` is the launch
-overhead. The shipped calibration uses the H200 GPT rows (`hetpp/data/h200_gpt_layers.csv`); other
-GPUs reuse it with their own P and W, which is the usual transfer assumption of roofline models.
+per layer kind and direction (forward, backward). `a` is 1 / (sustained matmul efficiency), `b`
+the inverse efficiency of the memory-bound passes over B, `c` the launch overhead. What B counts
+depends on what the layer is (`traffic_bytes`):
+
+- **block**: its activation bytes (the elementwise passes of norms, activations, softmax scale
+  with them); (a, b, c) fitted by least squares on relative error over the shipped H200 GPT
+  blocks (`hetpp/data/h200_gpt_layers.csv`).
+- **embedding**: a memory-bound gather. Forward reads the looked-up rows and writes them
+  (positions: one more gather and an add); backward zero-fills the gradient table, then
+  scatter-adds the incoming gradient into it. (b, c) fitted on the H200 embedding rows.
+- **head** (final norm + LM head + cross-entropy): the LM head GEMM at the blocks' fitted matmul
+  efficiency, plus the norm and the cross-entropy as memory-bound passes over their bytes at the
+  streaming efficiency the H200's device copy reached (`STREAM_EFFICIENCY`). Not fitted on the
+  H200 `lm_head` rows: those time `nn.Linear(h, 50257)`, an odd vocabulary whose GEMM misses the
+  tensor-core fast path (about 96 TFLOP/s, 10% of peak, where the blocks reach 67-73%). Fitted
+  on, they priced every head, Llama's aligned 32000 and 128256 included, at that rate (4-11
+  blocks per head). They stay in the data as the measurement of an unpadded head
+  (`unpadded_head_efficiency`); the estimate is that of a head whose vocabulary is a multiple of
+  the GEMM tile, as Megatron and llm-foundry pad it.
+
+Other GPUs reuse the H200 coefficients with their own P and W, the usual transfer assumption of
+roofline models (`bench/published.py` checks it against published throughput).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from functools import cache
 from importlib import resources
 from typing import NamedTuple
@@ -25,6 +43,19 @@ from hetpp.specs.catalog import CATALOG, GpuType
 from hetpp.specs.model import LayerSpec, ModelConfig, ModelSpec
 
 CSV_KIND = {"block": "block", "embedding": "embedding", "lm_head": "head"}
+FITTED_KINDS = ("block", "embedding")
+LOSS_BYTES = 4
+"""The runtime computes the cross-entropy in fp32 (half-precision logits are upcast)."""
+
+
+def _stream_efficiency() -> float:
+    """Measured H200 device-to-device copy (read + write) over its datasheet bandwidth."""
+    info = json.loads(resources.files("hetpp.data").joinpath("h200_info.json").read_text())
+    return info["d2d_GBps"] / CATALOG["h200"].mem_bw_GBps
+
+
+STREAM_EFFICIENCY = _stream_efficiency()
+"""Fraction of datasheet bandwidth a streaming kernel reaches (0.88 on the H200)."""
 
 
 class Coefs(NamedTuple):
@@ -46,22 +77,55 @@ class Measurement(NamedTuple):
     """One measured layer call, the input to `calibrate`."""
 
     layer: LayerSpec
-    seq_len: int
+    model: ModelSpec
+    """The model the layer belongs to (sequence length, dtype, vocabulary)."""
     mbs: int
     fwd_s: float
     bwd_s: float
 
 
-def features(layer: LayerSpec, seq_len: int, mbs: float, gpu: GpuType) -> tuple[float, float]:
-    """(F / P, B / W) of one forward call: ideal compute and memory seconds."""
-    flops = layer.fwd_flops_per_token * seq_len * mbs
-    traffic = (layer.saved_bytes_per_sample + layer.send_bytes_per_sample) * mbs
-    return flops / gpu.peak_flops_per_s, traffic / gpu.mem_bw_bytes_per_s
+def traffic_bytes(layer: LayerSpec, model: ModelSpec, mbs: float) -> tuple[float, float]:
+    """(forward, backward) bytes of memory traffic of one call of `mbs` samples."""
+    d, tokens = model.dtype_bytes, model.seq_len * mbs
+    h = model.config.hidden_size
+    if layer.kind == "block":
+        act = (layer.saved_bytes_per_sample + layer.send_bytes_per_sample) * mbs
+        return act, act
+    if layer.kind == "embedding":
+        gathers = 2 if model.config.position == "learned" else 1
+        # Per gather: read the rows, write them; learned positions add an add (read 2, write 1).
+        fwd = tokens * h * d * (2 * gathers + 3 * (gathers - 1))
+        # Zero-fill the gradient table(s), then read the gradient and update the rows it names.
+        bwd = layer.stored_params * d + tokens * h * d * 3 * gathers
+        return fwd, bwd
+    logits = tokens * model.config.vocab_size
+    upcast = d + LOSS_BYTES if d < LOSS_BYTES else 0
+    norm_fwd, norm_bwd = 2 * tokens * h * d, 3 * tokens * h * d
+    # Forward: the GEMM writes the logits, the upcast copies them to fp32, log-softmax reads them
+    # (max and sum in one pass) and writes its output. Backward: the loss writes its gradient,
+    # log-softmax's backward reads it and its output and writes the logits' gradient, which is
+    # cast back to the activation dtype for the GEMM.
+    fwd = logits * (d + upcast + 2 * LOSS_BYTES) + norm_fwd
+    bwd = logits * (LOSS_BYTES + 3 * LOSS_BYTES + upcast) + norm_bwd
+    return fwd, bwd
+
+
+def features(
+    layer: LayerSpec, model: ModelSpec, mbs: float, gpu: GpuType
+) -> tuple[float, float, float]:
+    """(F / P, B_fwd / W, B_bwd / W) of one call: ideal compute and memory seconds (forward F)."""
+    flops = layer.fwd_flops_per_token * model.seq_len * mbs
+    fwd, bwd = traffic_bytes(layer, model, mbs)
+    return (
+        flops / gpu.peak_flops_per_s,
+        fwd / gpu.mem_bw_bytes_per_s,
+        bwd / gpu.mem_bw_bytes_per_s,
+    )
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> Coefs:
     """Non-negative least squares on relative error, by dropping negative terms and refitting."""
-    active = [0, 1, 2]
+    active = [k for k in range(3) if x[:, k].any()]
     while True:
         a = x[:, active] / y[:, None]
         sol = np.linalg.lstsq(a, np.ones(len(y)), rcond=None)[0]
@@ -74,17 +138,42 @@ def _fit(x: np.ndarray, y: np.ndarray) -> Coefs:
 
 
 def calibrate(rows: list[Measurement], gpu: GpuType) -> Calibration:
-    """Fit (a, b, c) per layer kind and direction from measurements on `gpu`."""
+    """Fit the block and embedding coefficients from measurements on `gpu`; derive the head's.
+
+    Head rows are not fitted (see the module docstring): the head takes the blocks' matmul
+    coefficient, streams its norm and loss at `STREAM_EFFICIENCY`, and has an embedding's
+    launch overhead (a few kernels each way)."""
     fwd, bwd = {}, {}
-    for kind in {r.layer.kind for r in rows}:
+    for kind in FITTED_KINDS:
         sel = [r for r in rows if r.layer.kind == kind]
-        feats = np.array([features(r.layer, r.seq_len, r.mbs, gpu) for r in sel])
+        if not sel:
+            raise ValueError(f"calibration needs measured {kind} rows")
+        feats = np.array([features(r.layer, r.model, r.mbs, gpu) for r in sel])
         ones = np.ones((len(sel), 1))
-        fwd[kind] = _fit(np.hstack([feats, ones]), np.array([r.fwd_s for r in sel]))
+        fwd[kind] = _fit(np.hstack([feats[:, :2], ones]), np.array([r.fwd_s for r in sel]))
         # Backward does twice the forward's matmul FLOPs.
-        xb = np.hstack([feats * [2.0, 1.0], ones])
+        xb = np.hstack([2 * feats[:, :1], feats[:, 2:], ones])
         bwd[kind] = _fit(xb, np.array([r.bwd_s for r in sel]))
+    stream = 1 / STREAM_EFFICIENCY
+    fwd["head"] = Coefs(fwd["block"].compute, stream, fwd["embedding"].overhead_s)
+    bwd["head"] = Coefs(bwd["block"].compute, stream, fwd["embedding"].overhead_s)
     return Calibration(fwd, bwd)
+
+
+def _gpt_layer_model(r: dict[str, str]) -> ModelSpec:
+    """The one-block GPT model a row of `h200_gpt_layers.csv` was measured with."""
+    h = int(r["hidden"])
+    cfg = ModelConfig(
+        family="gpt",
+        vocab_size=50257,
+        hidden_size=h,
+        num_layers=1,
+        num_heads=int(r["heads"]),
+        ffn_hidden_size=4 * h,
+        max_seq_len=int(r["seq"]),
+        position="rope",
+    )
+    return ModelSpec(config=cfg, seq_len=int(r["seq"]))
 
 
 def h200_measurements(hidden_sizes: set[int] | None = None) -> list[Measurement]:
@@ -92,31 +181,21 @@ def h200_measurements(hidden_sizes: set[int] | None = None) -> list[Measurement]
     text = resources.files("hetpp.data").joinpath("h200_gpt_layers.csv").read_text()
     out = []
     for r in csv.DictReader(text.splitlines()):
-        h = int(r["hidden"])
-        if hidden_sizes is not None and h not in hidden_sizes:
+        if hidden_sizes is not None and int(r["hidden"]) not in hidden_sizes:
             continue
-        cfg = ModelConfig(
-            family="gpt",
-            vocab_size=50257,
-            hidden_size=h,
-            num_layers=1,
-            num_heads=int(r["heads"]),
-            ffn_hidden_size=4 * h,
-            max_seq_len=int(r["seq"]),
-            position="rope",
-        )
-        spec = ModelSpec(config=cfg, seq_len=int(r["seq"]))
+        spec = _gpt_layer_model(r)
         layer = next(x for x in spec.layers if x.kind == CSV_KIND[r["layer"]])
-        out.append(
-            Measurement(
-                layer,
-                spec.seq_len,
-                int(r["mbs"]),
-                float(r["fwd_ms"]) / 1e3,
-                float(r["bwd_ms"]) / 1e3,
-            )
-        )
+        fwd_s, bwd_s = float(r["fwd_ms"]) / 1e3, float(r["bwd_ms"]) / 1e3
+        out.append(Measurement(layer, spec, int(r["mbs"]), fwd_s, bwd_s))
     return out
+
+
+def unpadded_head_efficiency(m: Measurement, gpu: GpuType) -> float:
+    """Matmul efficiency a measured head reached: its GEMM FLOPs (forward + backward) over the
+    time left after the estimate's norm and cross-entropy passes, as a fraction of peak."""
+    compute, fwd_mem, bwd_mem = features(m.layer, m.model, m.mbs, gpu)
+    gemm_s = m.fwd_s + m.bwd_s - (fwd_mem + bwd_mem) / STREAM_EFFICIENCY
+    return 3 * compute / gemm_s
 
 
 @cache
@@ -128,12 +207,12 @@ def default_calibration() -> Calibration:
 
 
 def estimate_layer(
-    layer: LayerSpec, seq_len: int, mbs: float, gpu: GpuType, cal: Calibration | None = None
+    layer: LayerSpec, model: ModelSpec, mbs: float, gpu: GpuType, cal: Calibration | None = None
 ) -> tuple[float, float]:
-    """(fwd_s, bwd_s) of one layer call of `mbs` samples on `gpu`."""
+    """(fwd_s, bwd_s) of one call of `layer` (of `model`) on `mbs` samples on `gpu`."""
     cal = cal or default_calibration()
-    fc, fm = features(layer, seq_len, mbs, gpu)
+    fc, fm, bm = features(layer, model, mbs, gpu)
     f, b = cal.fwd[layer.kind], cal.bwd[layer.kind]
     fwd = f.compute * fc + f.memory * fm + f.overhead_s
-    bwd = b.compute * 2 * fc + b.memory * fm + b.overhead_s
+    bwd = b.compute * 2 * fc + b.memory * bm + b.overhead_s
     return fwd, bwd
