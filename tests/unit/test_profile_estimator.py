@@ -94,8 +94,10 @@ def test_slower_gpu_is_slower():
         for g in ("h100-80gb", "a100-80gb", "t4")
     }
     assert t["h100-80gb"] < t["a100-80gb"] < t["t4"]
-    # Compute-bound: the time ratio follows the peak-rate ratio within the overhead's share.
-    assert t["a100-80gb"] / t["h100-80gb"] == pytest.approx(989.4 / 312, rel=0.15)
+    # Compute-bound: the time ratio follows the sustained-rate ratio within the overhead's share.
+    h100, a100 = CATALOG["h100-80gb"], CATALOG["a100-80gb"]
+    rate = h100.peak_flops_per_s * h100.compute_transfer / a100.peak_flops_per_s
+    assert t["a100-80gb"] / t["h100-80gb"] == pytest.approx(rate, rel=0.15)
 
 
 def _cross_entropy_s(spec: ModelSpec, mbs: int, gpu) -> float:
@@ -155,3 +157,33 @@ def test_embedding_is_a_memory_bound_gather():
     assert fwd == 2 * 2 * s * h * 2  # two samples, rows read and written, bf16
     assert bwd == m.layer.stored_params * 2 + 2 * 3 * s * h * 2
     assert 0.8 < STREAM_EFFICIENCY < 0.95
+
+
+def test_fp32_plans_are_priced_at_the_fp32_rate():
+    """Issue 12: an fp32 model's matmuls run at the datasheet FP32 rate (TF32 off), not bf16."""
+    from hetpp.cost.compute import CostModel
+    from hetpp.specs import Cluster, TrainSpec
+
+    a100 = CATALOG["a100-80gb"]
+    assert a100.matmul_flops_per_s(2) == 312e12 and a100.matmul_flops_per_s(4) == 19.5e12
+    cluster = Cluster.model_validate(
+        {
+            "nodes": [{"gpu": "A100-80GB", "gpus_per_node": 1, "intra_node_GBps": 300}],
+            "inter_node_GBps": 25,
+        }
+    )
+    blocks = {}
+    for precision, d in (("bf16", 2), ("fp32", 4)):
+        spec = ModelSpec(config=PRESETS["gpt3-6.7b"], seq_len=2048, dtype_bytes=d)
+        cm = CostModel(spec, TrainSpec(global_batch=8, precision=precision), cluster)
+        costs = cm.layer_costs(a100, 4)
+        blocks[precision] = costs.fwd(1, 2) + costs.bwd(1, 2)
+    # Compute-bound: the ratio approaches 312 / 19.5 = 16 (memory passes only double).
+    assert 12 < blocks["fp32"] / blocks["bf16"] < 16
+
+
+def test_a_type_without_an_fp32_rate_keeps_its_only_rate():
+    from hetpp.specs import GpuType
+
+    g = GpuType(name="Mine", bf16_tflops=100, memory_gb=24, mem_bw_GBps=900)
+    assert g.matmul_flops_per_s(4) == g.matmul_flops_per_s(2) == 100e12

@@ -113,11 +113,12 @@ def traffic_bytes(layer: LayerSpec, model: ModelSpec, mbs: float) -> tuple[float
 def features(
     layer: LayerSpec, model: ModelSpec, mbs: float, gpu: GpuType
 ) -> tuple[float, float, float]:
-    """(F / P, B_fwd / W, B_bwd / W) of one call: ideal compute and memory seconds (forward F)."""
+    """(F / P, B_fwd / W, B_bwd / W) of one call: ideal compute and memory seconds (forward F;
+    P the GPU's peak for the model's dtype, scaled by its compute transfer)."""
     flops = layer.fwd_flops_per_token * model.seq_len * mbs
     fwd, bwd = traffic_bytes(layer, model, mbs)
     return (
-        flops / gpu.peak_flops_per_s,
+        flops / (gpu.matmul_flops_per_s(model.dtype_bytes) * gpu.compute_transfer),
         fwd / gpu.mem_bw_bytes_per_s,
         bwd / gpu.mem_bw_bytes_per_s,
     )

@@ -15,11 +15,19 @@ class GpuType(BaseModel):
     bf16_tflops: float = Field(gt=0, le=100_000)
     """Peak dense bf16/fp16 tensor-core rate with fp32 accumulation, TFLOP/s (no sparsity);
     at most 100,000, which catches a rate given in FLOP/s."""
+    fp32_tflops: float | None = Field(None, gt=0, le=100_000)
+    """Peak dense FP32 rate without tensor cores, TF32 off, TFLOP/s: what fp32 plans are
+    priced at (PyTorch keeps float32 matmuls in full FP32 by default, and hetpp's runtime does
+    not enable TF32). Unset: the bf16 rate, the only one a type defined without it has."""
     memory_gb: float = Field(gt=0, le=10_000)
     """Device memory, GB (10^9 bytes) as the datasheet gives it; at most 10,000, which catches
     a size given in bytes."""
     mem_bw_GBps: float = Field(gt=0, le=1_000_000)
     """Device memory bandwidth, GB/s."""
+    compute_transfer: PositiveFloat = 1.0
+    """Sustained matmul rate of this type relative to what the estimator's H200 calibration
+    predicts from its peak (1.0: the calibration transfers unchanged). Catalog values below 1
+    rest on published training throughput (`bench/published.py`, notes on CATALOG)."""
     emulate_slowdown: PositiveFloat | None = None
     """CPU emulation only: compute of this type takes `factor x` the measured CPU time.
 
@@ -28,6 +36,13 @@ class GpuType(BaseModel):
     @property
     def peak_flops_per_s(self) -> float:
         return self.bf16_tflops * 1e12
+
+    def matmul_flops_per_s(self, dtype_bytes: int) -> float:
+        """Peak matmul rate for elements of `dtype_bytes`: bf16/fp16 tensor rate for 2-byte
+        types, `fp32_tflops` for wider ones."""
+        if dtype_bytes <= 2 or self.fp32_tflops is None:
+            return self.peak_flops_per_s
+        return self.fp32_tflops * 1e12
 
     @property
     def memory_bytes(self) -> int:
@@ -38,29 +53,50 @@ class GpuType(BaseModel):
         return self.mem_bw_GBps * 1e9
 
 
-def _t(name: str, tflops: float, mem_gb: float, bw: float) -> GpuType:
-    return GpuType(name=name, bf16_tflops=tflops, memory_gb=mem_gb, mem_bw_GBps=bw)
+def _t(
+    name: str, tflops: float, fp32: float, mem_gb: float, bw: float, transfer: float = 1.0
+) -> GpuType:
+    return GpuType(
+        name=name,
+        bf16_tflops=tflops,
+        fp32_tflops=fp32,
+        memory_gb=mem_gb,
+        mem_bw_GBps=bw,
+        compute_transfer=transfer,
+    )
 
+
+H100_TRANSFER = 0.8
+"""llm-foundry's MPT runs on 8 H100-80GB (760m, 1b, 7b, 13b; seq 2048, bf16, FSDP) measured
+0.69-0.92x what the H200 calibration predicts at the H100's datasheet peak; 0.8 is their
+geometric-mean fit (`bench/published.py`). torchtitan's 33-39% MFU on H100 (Llama 3.1 8B)
+points the same way. The A100 needs no factor: the same tables' A100 runs are within 8%."""
 
 # Vendor datasheets, dense (non-sparse) bf16 tensor rate with fp32 accumulation. V100 and T4 have no
 # bf16: their fp16 tensor rate is listed, which is what mixed-precision training uses on them.
 # SXM parts where both exist. Consumer cards: the fp32-accumulate rate (half the fp16-accumulate).
+# FP32: the same datasheets' non-tensor FP32 rate.
+# What each type's compute transfer rests on: H200, the calibration itself; A100-80GB, published
+# training throughput (llm-foundry MPT, 6 runs within 8%, `bench/published.py`); H100-80GB,
+# H100_TRANSFER. Every other type (A100-40GB by its A100-80GB sibling aside) rests on its
+# datasheet alone: no published run with settings hetpp can reproduce was checked for V100, T4,
+# RTX-4090, RTX-3090, L40S, A6000, A10 or L4, so their 1.0 is unverified.
 CATALOG: dict[str, GpuType] = {
     t.name.lower(): t
     for t in (
-        _t("H200", 989.4, 141, 4800),
-        _t("H100-80GB", 989.4, 80, 3350),
-        _t("A100-80GB", 312, 80, 2039),
-        _t("A100-40GB", 312, 40, 1555),
-        _t("L40S", 362.1, 48, 864),
-        _t("A6000", 154.8, 48, 768),
-        _t("A10", 125, 24, 600),
-        _t("L4", 121, 24, 300),
-        _t("V100-32GB", 125, 32, 900),
-        _t("V100-16GB", 125, 16, 900),
-        _t("T4", 65, 16, 320),
-        _t("RTX-4090", 165.2, 24, 1008),
-        _t("RTX-3090", 71, 24, 936),
+        _t("H200", 989.4, 66.9, 141, 4800),
+        _t("H100-80GB", 989.4, 66.9, 80, 3350, H100_TRANSFER),
+        _t("A100-80GB", 312, 19.5, 80, 2039),
+        _t("A100-40GB", 312, 19.5, 40, 1555),
+        _t("L40S", 362.1, 91.6, 48, 864),
+        _t("A6000", 154.8, 38.7, 48, 768),
+        _t("A10", 125, 31.2, 24, 600),
+        _t("L4", 121, 30.3, 24, 300),
+        _t("V100-32GB", 125, 15.7, 32, 900),
+        _t("V100-16GB", 125, 15.7, 16, 900),
+        _t("T4", 65, 8.1, 16, 320),
+        _t("RTX-4090", 165.2, 82.6, 24, 1008),
+        _t("RTX-3090", 71, 35.6, 24, 936),
     )
 }
 
