@@ -32,7 +32,7 @@ import statistics
 from typing import NamedTuple
 
 from hetpp.cost.step import cost_model_for_plan, step_cost
-from hetpp.specs import CATALOG, Cluster, ModelConfig, Plan, TrainSpec
+from hetpp.specs import CATALOG, PRESETS, Cluster, ModelConfig, Plan, TrainSpec
 
 LLM_FOUNDRY = "llm-foundry MPT benchmarks"
 TORCHTITAN = "torchtitan performance.md"
@@ -46,50 +46,19 @@ TORCHTITAN_H100 = CATALOG["h100-80gb"].model_copy(
 the catalog H100's peak and transfer)."""
 
 
+def gpt(name: str, hidden: int, heads: int, layers: int, **changes) -> ModelConfig:
+    """A GPT-3-style config (GELU MLP 4h, tied embeddings, learned positions, seq 2048)."""
+    shape = dict(hidden_size=hidden, num_heads=heads, num_layers=layers, ffn_hidden_size=4 * hidden)
+    return PRESETS["gpt3-1.3b"].model_copy(update={"name": name, **shape, **changes})
+
+
 def mpt(size: str, hidden: int, heads: int, layers: int) -> ModelConfig:
-    return ModelConfig(
-        name=f"mpt-{size}",
-        family="gpt",
-        vocab_size=50368,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        ffn_hidden_size=4 * hidden,
-        max_seq_len=2048,
-        qkv_bias=False,
-        dense_bias=False,
-        tie_embeddings=True,
-    )
+    """MPT as llm-foundry's yamls configure it: vocabulary 50368, no biases."""
+    no_bias = dict(vocab_size=50368, qkv_bias=False, dense_bias=False)
+    return gpt(f"mpt-{size}", hidden, heads, layers, **no_bias)
 
 
-def llama3_8b(seq: int) -> ModelConfig:
-    return ModelConfig(
-        name="llama3-8b",
-        family="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        ffn_hidden_size=14336,
-        max_seq_len=seq,
-        position="rope",
-        qkv_bias=False,
-        dense_bias=False,
-        rope_theta=5e5,
-    )
-
-
-MEGATRON_1_7B = ModelConfig(
-    name="gpt-1.7b",
-    family="gpt",
-    vocab_size=51200,
-    hidden_size=2304,
-    num_layers=24,
-    num_heads=24,
-    ffn_hidden_size=4 * 2304,
-    max_seq_len=2048,
-)
+MEGATRON_1_7B = gpt("gpt-1.7b", 2304, 24, 24, vocab_size=51200)
 
 
 class Run(NamedTuple):
@@ -129,7 +98,7 @@ RUNS = (
     Run(LLM_FOUNDRY, mpt("13b", 5120, 40, 40), "H100-80GB", 8, 2048, 2, 1, False, 4792, FSDP_BF16),
     Run(
         TORCHTITAN,
-        llama3_8b(8192),
+        PRESETS["llama3-8b"],
         "A100-80GB",
         64,
         8192,
@@ -141,7 +110,7 @@ RUNS = (
     ),
     Run(
         TORCHTITAN,
-        llama3_8b(8192),
+        PRESETS["llama3-8b"],
         "H100-96GB-500W",
         8,
         8192,

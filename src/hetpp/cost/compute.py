@@ -87,7 +87,7 @@ class CostModel:
         self.model = model
         self.train = train
         self.cluster = cluster
-        self.profiles = profiles or ProfileTable(())
+        self.profiles = (profiles or ProfileTable(())).for_model(model.name, model.seq_len)
         self.calibration = calibration
         self._cache: dict[tuple[str, int], LayerCosts] = {}
         self._check_profiles()

@@ -44,19 +44,52 @@ class ProfileRow(NamedTuple):
 class ProfileTable:
     """A set of measured rows with lookup and interpolation in micro-batch size."""
 
-    def __init__(self, rows: Iterable[ProfileRow]):
+    def __init__(self, rows: Iterable[ProfileRow], files: Iterable[str] | None = None):
         self.rows = tuple(rows)
+        # The file each row was read from ("" when built in memory), for error messages.
+        self.files = tuple(files) if files is not None else ("",) * len(self.rows)
 
     def gpus(self) -> set[str]:
         return {r.gpu.lower() for r in self.rows}
 
+    def _select(self, keep: Iterable[int]) -> ProfileTable:
+        idx = list(keep)
+        return ProfileTable((self.rows[i] for i in idx), (self.files[i] for i in idx))
+
     def for_gpu(self, gpu: str) -> ProfileTable:
-        return ProfileTable(r for r in self.rows if r.gpu.lower() == gpu.lower())
+        return self._select(i for i, r in enumerate(self.rows) if r.gpu.lower() == gpu.lower())
+
+    def for_model(self, model: str, seq_len: int) -> ProfileTable:
+        """The rows measured for `model` at `seq_len`. A GPU type that has rows, but none for
+        this model and sequence length, is an error naming its files: another model's (or
+        length's) layer times would otherwise price this one without a word."""
+        keep = [
+            i
+            for i, r in enumerate(self.rows)
+            if r.model.lower() == model.lower() and r.seq_len == seq_len
+        ]
+        for gpu in sorted(self.gpus() - {self.rows[i].gpu.lower() for i in keep}):
+            idx = [i for i, r in enumerate(self.rows) if r.gpu.lower() == gpu]
+            have = sorted({(self.rows[i].model, self.rows[i].seq_len) for i in idx})
+            files = sorted({self.files[i] for i in idx if self.files[i]})
+            raise SpecError(
+                f"rows for GPU {self.rows[idx[0]].gpu!r} were measured for "
+                + ", ".join(f"{m} at seq_len {s}" for m, s in have)
+                + f", not {model} at seq_len {seq_len}; profile that "
+                f"(`hetpp profile --model {model} --seq-len {seq_len}`) or leave the file out",
+                file=", ".join(files) or None,
+                field="model",
+            )
+        return self._select(keep)
 
     def scaled(self, gpu: str, factor: float) -> ProfileTable:
         """Rows re-labelled as `gpu` with times multiplied by `factor` (CPU emulation of a GPU)."""
         return ProfileTable(
-            r._replace(gpu=gpu, fwd_s=r.fwd_s * factor, bwd_s=r.bwd_s * factor) for r in self.rows
+            (
+                r._replace(gpu=gpu, fwd_s=r.fwd_s * factor, bwd_s=r.bwd_s * factor)
+                for r in self.rows
+            ),
+            self.files,
         )
 
     def lookup(self, gpu: str, layer: str, mbs: float) -> tuple[float, float, float]:
@@ -101,12 +134,14 @@ class ProfileTable:
                     file=str(p),
                     field="header",
                 )
-            return cls(_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader))
+            rows = [_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader)]
+        return cls(rows, [str(p)] * len(rows))
 
 
 def load_profiles(paths: Iterable[str | Path]) -> ProfileTable:
     """Rows of several profile files in one table (later files may add GPU types)."""
-    return ProfileTable(r for p in paths for r in ProfileTable.load(p).rows)
+    tables = [ProfileTable.load(p) for p in paths]
+    return ProfileTable((r for t in tables for r in t.rows), (f for t in tables for f in t.files))
 
 
 def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
