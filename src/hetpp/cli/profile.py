@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from hetpp.specs.catalog import catalog_name_for_device
 from hetpp.specs.errors import SpecError
 
 EXAMPLES = """examples:
   hetpp profile --model tiny-gpt --device cpu --seq-len 128 --out cpu.csv
-  hetpp profile --model gpt3-1.3b --device cuda --micro-batch-sizes 1,2,4,8 --gpu-name A100-80GB \\
-      --out a100.csv
+  hetpp profile --model gpt3-1.3b --device cuda --micro-batch-sizes 1,2,4,8 --out a100.csv
+  hetpp profile --model gpt3-1.3b --device cuda --gpu-name MyA100 --out a100.csv
 """
 
 
@@ -36,7 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--micro-batch-sizes", type=_sizes, default=[1, 2, 4], metavar="1,2,4")
     p.add_argument("--seq-len", type=int, help="default: the model's max_seq_len, at most 2048")
-    p.add_argument("--gpu-name", help="type name for the rows (default: CPU, or the CUDA name)")
+    p.add_argument(
+        "--gpu-name",
+        help="GPU type the rows are for, as the cluster file names it (default: the catalog "
+        "type of the CUDA device, e.g. A100-80GB on an 'NVIDIA A100-SXM4-80GB'; CPU on the CPU)",
+    )
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("CUDA is not available on this machine", field="--device")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
-    gpu = args.gpu_name or ("CPU" if args.device == "cpu" else torch.cuda.get_device_name(device))
+    gpu = args.gpu_name or _default_gpu_name(device)
     total = len(KINDS) * len(args.micro_batch_sizes)
     with Progress() as progress:
         task = progress.add_task(f"profiling {config.name} on {gpu}", total=total)
@@ -90,5 +95,22 @@ def run(args: argparse.Namespace) -> int:
             on_row=done,
         )
     ProfileTable(rows).save(args.out)
-    print(f"wrote {len(rows)} rows to {args.out}")
+    print(f"wrote {len(rows)} rows for GPU type {gpu} to {args.out}")
     return 0
+
+
+def _default_gpu_name(device) -> str:
+    """The catalog type of the CUDA device (what cluster files name it), or "CPU"."""
+    if device.type == "cpu":
+        return "CPU"
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    found = catalog_name_for_device(name)
+    if found is None:
+        raise SpecError(
+            f"this device ({name!r}) matches no catalog GPU type; give the type name your "
+            "cluster file uses for it",
+            field="--gpu-name",
+        )
+    return found

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 
@@ -104,3 +106,30 @@ CATALOG: dict[str, GpuType] = {
 def catalog_names() -> list[str]:
     """Catalog type names in their canonical spelling."""
     return [t.name for t in CATALOG.values()]
+
+
+# CUDA device names (`torch.cuda.get_device_name()`) of the parts each entry describes, after
+# upper-casing and turning '-' and '_' into spaces. Order matters: the first match wins.
+DEVICE_NAMES: tuple[tuple[str, str], ...] = (
+    (r"\bH200\b(?!.*\bNVL\b)", "H200"),
+    (r"\bH100\b(?!.*\b(PCIE|NVL)\b)", "H100-80GB"),
+    (r"\bA100\b.*\b80GB\b", "A100-80GB"),
+    (r"\bA100\b", "A100-40GB"),
+    (r"\bL40S\b", "L40S"),
+    (r"\bRTX A6000\b", "A6000"),
+    (r"\bA10\b", "A10"),
+    (r"\bL4\b", "L4"),
+    (r"\bV100\b.*\b32GB\b", "V100-32GB"),
+    (r"\bV100\b", "V100-16GB"),
+    (r"\bT4\b", "T4"),
+    (r"\bRTX 4090\b", "RTX-4090"),
+    (r"\bRTX 3090\b", "RTX-3090"),
+)
+
+
+def catalog_name_for_device(device_name: str) -> str | None:
+    """The catalog type a CUDA device name stands for ("NVIDIA A100-SXM4-80GB" -> "A100-80GB"),
+    or None when no entry describes that part (H100 PCIe and NVL, A10G, V100S, L40: other
+    memory, clocks or bandwidth than their look-alikes)."""
+    text = re.sub(r"[-_]", " ", device_name.upper())
+    return next((name for pattern, name in DEVICE_NAMES if re.search(pattern, text)), None)
