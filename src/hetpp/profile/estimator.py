@@ -19,11 +19,12 @@ depends on what the layer is (`traffic_bytes`):
   efficiency, plus the norm and the cross-entropy as memory-bound passes over their bytes at the
   streaming efficiency the H200's device copy reached (`STREAM_EFFICIENCY`). Not fitted on the
   H200 `lm_head` rows: those time `nn.Linear(h, 50257)`, an odd vocabulary whose GEMM misses the
-  tensor-core fast path (about 96 TFLOP/s, 10% of peak, where the blocks reach 67-73%). Fitted
-  on, they priced every head, Llama's aligned 32000 and 128256 included, at that rate (4-11
-  blocks per head). They stay in the data as the measurement of an unpadded head
-  (`unpadded_head_efficiency`); the estimate is that of a head whose vocabulary is a multiple of
-  the GEMM tile, as Megatron and llm-foundry pad it.
+  tensor-core fast path (its GEMM ran at 11-13% of peak once the norm and loss passes are taken
+  out, where the blocks reach 67-73%). Fitted on, they priced every head, Llama's aligned 32000
+  and 128256 included, at that rate (2.5-15 blocks per head on an A100). They stay in the data as
+  the measurement of an unpadded head (`unpadded_head_efficiency`); the estimate is that of a
+  head whose vocabulary is a multiple of the GEMM tile, as Megatron and llm-foundry pad it
+  (hetpp's runtime does not pad yet).
 
 Other GPUs reuse the H200 coefficients with their own P and W, the usual transfer assumption of
 roofline models (`bench/published.py` checks it against published throughput).

@@ -80,7 +80,7 @@ points the same way. The A100 needs no factor: the same tables' A100 runs are wi
 # FP32: the same datasheets' non-tensor FP32 rate.
 # What each type's compute transfer rests on: H200, the calibration itself; A100-80GB, published
 # training throughput (llm-foundry MPT, 6 runs within 8%, `bench/published.py`); H100-80GB,
-# H100_TRANSFER. Every other type (A100-40GB by its A100-80GB sibling aside) rests on its
+# H100_TRANSFER; A100-40GB, the same chip as the 80 GB part. Every other type rests on its
 # datasheet alone: no published run with settings hetpp can reproduce was checked for V100, T4,
 # RTX-4090, RTX-3090, L40S, A6000, A10 or L4, so their 1.0 is unverified.
 CATALOG: dict[str, GpuType] = {
