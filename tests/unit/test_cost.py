@@ -1,14 +1,17 @@
 """Cost model against hand computations."""
 
+from pathlib import Path
+
 import pytest
 
-from hetpp.cost.comm import allreduce_time_s, p2p_time_s
+from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, p2p_time_s
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import in_flight, stage_memory, stage_params
+from hetpp.cost.memory import in_flight, stage_memory
+from hetpp.cost.params import stage_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.profile.table import ProfileRow, ProfileTable
-from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
+from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_cluster, load_model
 from hetpp.specs.cluster import Link
 
 
@@ -146,3 +149,14 @@ def test_fp32_training_keeps_fp32_grads_and_no_master_copy():
         TrainSpec(global_batch=8, precision="fp32", grad_bytes_per_param=2).grad_bytes_per_param
         == 2
     )
+
+
+def test_links_intra_and_inter_node():
+    c = load_cluster(Path(__file__).parents[2] / "examples" / "a100-v100.yaml")
+    assert p2p_link(c, 0, 7).bw_bytes_per_s == 300e9
+    assert p2p_link(c, 16, 17).bw_bytes_per_s == 150e9
+    assert p2p_link(c, 7, 8).bw_bytes_per_s == 12.5e9
+    assert p2p_link(c, 7, 8).latency_s == pytest.approx(10e-6)
+    # A ring that leaves a node runs at the slower of network and node fabric.
+    assert group_link(c, [0, 16]).bw_bytes_per_s == 12.5e9
+    assert group_link(c, [16, 17, 18]).bw_bytes_per_s == 150e9

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from planner_cases import cluster, problem
 
 from hetpp.cost.memory import stage_memory, stage_memory_parts
-from hetpp.cost.pipeline import pipeline_time_s
+from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.planner.balance import Kind, allocate, balanced_time, balanced_times
 from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
 from hetpp.planner.multisets import count_multisets, multisets
 from hetpp.planner.partition import balance_stages, equal_bounds
 from hetpp.planner.placement import place
-from hetpp.planner.shapes import ShapeContext, closed_form
+from hetpp.planner.shapes import ShapeContext
 from hetpp.specs import CATALOG
 
 
@@ -72,9 +72,9 @@ def test_equal_bounds():
     st.sampled_from(["1f1b", "gpipe"]),
 )
 @settings(max_examples=40, deadline=None)
-def test_closed_form_matches_pipeline_time(fwd, bwd, comm, m, schedule):
+def test_fill_and_beat_match_pipeline_time(fwd, bwd, comm, m, schedule):
     bwd, comm = bwd[: len(fwd)], comm[: len(fwd) - 1]
-    fill, beat = closed_form(fwd, bwd, comm, schedule)
+    fill, beat = fill_and_beat(fwd, bwd, comm, schedule)
     assert fill + (m - 1) * beat == pytest.approx(pipeline_time_s(fwd, bwd, comm, m, schedule))
 
 

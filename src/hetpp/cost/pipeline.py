@@ -54,9 +54,17 @@ def pipeline_time_s(
     stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
     trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
     finds it within 5% on the plans of docs/benchmarks-sim.md)."""
-    m = num_micro_batches
-    fill = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
-    return float(fill + (m - 1) * beat_s(fwd_s, bwd_s, comm_s, schedule))
+    fill, beat = fill_and_beat(fwd_s, bwd_s, comm_s, schedule)
+    return float(fill + (num_micro_batches - 1) * beat)
+
+
+def fill_and_beat(
+    fwd_s: Sequence[float], bwd_s: Sequence[float], comm_s: Sequence[float], schedule: str = "1f1b"
+) -> tuple[float, float]:
+    """(fill, beat) of `pipeline_time_s = fill + (m - 1) * beat`: one traversal of all stages
+    and links each way, then one beat per further micro-batch (the planner costs a pipeline
+    shape once with these and any m afterwards)."""
+    return sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s), beat_s(fwd_s, bwd_s, comm_s, schedule)
 
 
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hetpp.cost.comm import p2p_time_s
+from hetpp.cost.comm import p2p_link, p2p_time_s
 from hetpp.cost.memory import stage_memory
+from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, step_cost
 from hetpp.planner.balance import Kind, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
-from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost, closed_form
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
 
@@ -78,10 +79,10 @@ def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
     fwd = [c.fwd(a, b) for c, (a, b) in zip(costs, spans)]
     bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
     comm = [
-        p2p_time_s(c.send_bytes[b - 1], cl.link(d, nxt))
+        p2p_time_s(c.send_bytes[b - 1], p2p_link(cl, d, nxt))
         for c, (_, b), d, nxt in zip(costs, spans, pipe.devices, pipe.devices[1:])
     ]
-    fill, beat = closed_form(fwd, bwd, comm, problem.schedule)
+    fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
     if problem.schedule == "gpipe":
         hi = min(
             _gpipe_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hetpp.cost.comm import p2p_link
 from hetpp.planner.assemble import (
     Candidate,
     Pipe,
@@ -168,7 +169,7 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
 def _signature(problem: Problem, pipe: Pipe) -> tuple:
     cl = problem.cluster
     keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
-    links = tuple(cl.link(a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
+    links = tuple(p2p_link(cl, a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
     return keys, links
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hetpp.cost.memory import model_state_bytes, usable_bytes
 from hetpp.planner.bounds import least_stages
 from hetpp.planner.partition import stage_tables
 from hetpp.planner.problem import Problem
@@ -37,9 +38,9 @@ def explain_infeasible(problem: Problem, note: str = "") -> str:
             f"{train.reserve_gb:g} GB reserve); the largest device, {biggest.gpu.name}, has "
             f"{biggest.gpu.memory_bytes / GB:.0f} GB"
         )
-    states = cm.model.total_params * train.state_bytes_per_param
+    states = model_state_bytes(cm.model, train)
     usable = sum(
-        max(0.0, p.gpu.memory_bytes - train.reserve_bytes) * p.count for p in problem.pools.values()
+        max(0.0, usable_bytes(p.gpu.memory_bytes, train)) * p.count for p in problem.pools.values()
     )
     if states > usable:
         return (

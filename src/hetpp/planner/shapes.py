@@ -14,9 +14,10 @@ from functools import cached_property
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s, p2p_time_s
-from hetpp.cost.memory import stage_params
-from hetpp.cost.pipeline import beat_s
+from hetpp.cost.comm import allreduce_time_s, hop_link, p2p_time_s, ring_link
+from hetpp.cost.params import ParamSums
+from hetpp.cost.pipeline import fill_and_beat
+from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.partition import (
     StageTables,
     balance_stages,
@@ -70,13 +71,6 @@ class TemplateCost:
 UNBOUNDED = 1 << 40
 
 
-def closed_form(fwd, bwd, comm, schedule: str) -> tuple[float, float]:
-    """(fill, beat) of the cost model's pipeline time `pipeline_time_s = fill + (m - 1) * beat`
-    (one traversal of all stages and links each way, then one beat per further micro-batch).
-    A unit test holds this to `pipeline_time_s` for any m."""
-    return sum(fwd) + sum(bwd) + 2 * sum(comm), beat_s(fwd, bwd, comm, schedule)
-
-
 class ShapeContext:
     """Templates for one (problem, recomputation, micro-batch size), built on demand, cached."""
 
@@ -87,6 +81,7 @@ class ShapeContext:
         self.cm = problem.cost_model(recompute)
         self.keys = problem.type_keys
         self.counts = tuple(problem.pools[k].count for k in self.keys)
+        self.params = ParamSums(self.cm.model)
         self._tables: dict[str, StageTables] = {}
         self._templates: dict[tuple[Runs, tuple[int, ...]], TemplateCost | None] = {}
         self._orders: dict[tuple[tuple[int, ...], bool], list[TemplateCost]] = {}
@@ -172,7 +167,7 @@ class ShapeContext:
             p2p_time_s(t.costs.send_bytes[b - 1], link)
             for t, b, link in zip(tables, bounds[1:], links)
         )
-        fill, beat = closed_form(fwd, bwd, comm, self.problem.schedule)
+        fill, beat = fill_and_beat(fwd, bwd, comm, self.problem.schedule)
         if self.problem.schedule == "gpipe":
             hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
             lo = 1
@@ -184,56 +179,34 @@ class ShapeContext:
     def best_links(self, runs: Runs) -> list[Link]:
         """Links between consecutive stages when each run is packed into whole nodes."""
         cl = self.problem.cluster
-        inter = Link(cl.inter_node_GBps * 1e9, cl.inter_node_latency_us * 1e-6)
         out = []
         for r, (key, n) in enumerate(runs):
             pool = self.problem.pools[key]
-            intra = Link(pool.intra_bw_bytes_per_s, cl.intra_node_latency_us * 1e-6)
-            out += [inter if (j + 1) % pool.gpus_per_node == 0 else intra for j in range(n - 1)]
+            out += [
+                hop_link(cl, (j + 1) % pool.gpus_per_node != 0, pool.intra_bw_bytes_per_s)
+                for j in range(n - 1)
+            ]
             if r < len(runs) - 1:
-                out.append(inter)
+                out.append(hop_link(cl, False, pool.intra_bw_bytes_per_s))
         return out
-
-    @cached_property
-    def _stored_cum(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([x.stored_params for x in self.cm.model.layers])])
-
-    @cached_property
-    def _own_cum(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([x.params for x in self.cm.model.layers])])
-
-    def params_between(self, a: int, b: int) -> float:
-        """Parameters a stage holding [a, b) stores (what its optimizer updates); prefix sums,
-        the whole model through `stage_params` for its tied-weights rule."""
-        if (a, b) == (0, self.num_layers):
-            return stage_params(self.cm.model, a, b)
-        return float(self._stored_cum[b] - self._stored_cum[a])
-
-    def grads_between(self, a: int, b: int) -> float:
-        """Parameters of [a, b) whose gradients the block all-reduce sums (a tied head's copy
-        goes through its own bucket)."""
-        return float(self._own_cum[b] - self._own_cum[a])
 
     def _tail(self, keys, bounds, bwd, comm) -> float:
         """Exposed sync + optimizer estimate: each stage all-reduces its gradients with its
         peers in the other pipelines once it is done; stage s is done earlier than the pipeline
         end by the backward and transfer times of the stages before it."""
-        train, cl = self.cm.train, self.problem.cluster
-        replicas = cl.num_devices // len(keys)
-        # As `Cluster.group_link`: a group spanning nodes runs at the slower of the network
-        # and its nodes' own fabric.
-        intra = min(self.problem.pools[k].intra_bw_bytes_per_s for k in keys)
-        if self.problem.num_nodes > 1:
-            bw = min(cl.inter_node_GBps * 1e9, intra)
-            link = Link(bw, cl.inter_node_latency_us * 1e-6)
-        else:
-            link = Link(intra, cl.intra_node_latency_us * 1e-6)
+        train, pools = self.cm.train, self.problem.pools
+        replicas = self.problem.cluster.num_devices // len(keys)
+        link = ring_link(
+            self.problem.cluster,
+            (pools[k].intra_bw_bytes_per_s for k in keys),
+            self.problem.num_nodes > 1,
+        )
         exposed, opt, ahead = 0.0, 0.0, 0.0
         for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-            grads = self.grads_between(a, b) * train.grad_bytes_per_param
+            grads = self.params.synced(a, b) * train.grad_bytes_per_param
             sync = allreduce_time_s(grads, replicas, link)
-            bw = self.problem.pools[keys[s]].gpu.mem_bw_bytes_per_s
-            opt = max(opt, 2 * self.params_between(a, b) * train.state_bytes_per_param / bw)
+            bw = pools[keys[s]].gpu.mem_bw_bytes_per_s
+            opt = max(opt, optimizer_step_s(state_bytes(self.params.stored(a, b), train), bw))
             exposed = max(exposed, sync - ahead)
             ahead += bwd[s] + (comm[s] if s < len(comm) else 0.0)
         return exposed + opt
