@@ -29,13 +29,6 @@ class StageMemory(NamedTuple):
         return self.weights + self.grads + self.optimizer + self.activations + self.reserve
 
 
-def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
-    """Micro-batches whose activations a stage holds at once: 1F1B warms up S - s of them."""
-    if schedule == "gpipe":
-        return num_micro_batches
-    return min(num_micro_batches, num_stages - stage)
-
-
 def model_state_bytes(model: ModelSpec, train: TrainSpec) -> float:
     """Weights, gradients and optimizer state of the whole model (tied weights once)."""
     return model.total_params * train.state_bytes_per_param

@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from hetpp.specs.schedule import SCHEDULES
+
+Times = Sequence[float]
 
 
-def beat_s(
-    fwd_s: Sequence[float],
-    bwd_s: Sequence[float],
-    comm_s: Sequence[float],
-    schedule: str = "1f1b",
-) -> float:
-    """Steady-state seconds per micro-batch: what each micro-batch beyond the first adds.
+def _traversal_fill(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+    """One micro-batch through every stage and link, forward and back."""
+    return sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
 
-    1F1B runs stages in lock-step: in steady state stage s alternates F(r + S-s-1) and B(r), so
-    stages s..t form a cycle (F travels s -> t, B comes back, then s may start its next forward)
-    that holds t-s+1 micro-batches. Each such window of consecutive stages bounds the beat by its
-    mean, `(sum of f+b over the window + 2 x the transfers inside it) / (t - s + 1)`; the beat is
-    the largest mean (the max cycle mean of the schedule's event graph). Without transfers that
-    is the slowest stage's f+b; a slow link between stages adds about its transfer time per
-    micro-batch, which the event simulator shows and the slowest stage alone misses.
 
-    GPipe's two phases are flow lines in which each link is a stage of its own: forward paced by
-    max(f, c), backward by max(b, c)."""
+def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+    """1F1B runs stages in lock-step: in steady state stage s alternates F(r + S-s-1) and B(r),
+    so stages s..t form a cycle (F travels s -> t, B comes back, then s may start its next
+    forward) that holds t-s+1 micro-batches. Each such window of consecutive stages bounds the
+    beat by its mean, `(sum of f+b over the window + 2 x the transfers inside it) / (t - s + 1)`;
+    the beat is the largest mean (the max cycle mean of the schedule's event graph). Without
+    transfers that is the slowest stage's f+b; a slow link between stages adds about its
+    transfer time per micro-batch, which the event simulator shows and the slowest stage alone
+    misses."""
     c = list(comm_s)
-    if schedule == "gpipe":
-        return float(max([*fwd_s, *c]) + max([*bwd_s, *c]))
     work = [f + b for f, b in zip(fwd_s, bwd_s)]
     best = max(work)
     if not any(c):  # a window's mean never exceeds its slowest stage
@@ -37,6 +36,39 @@ def beat_s(
             total += work[t] + 2 * c[t - 1]
             best = max(best, total / (t - s + 1))
     return float(best)
+
+
+def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+    """GPipe's two phases are flow lines in which each link is a stage of its own: forward
+    paced by max(f, c), backward by max(b, c)."""
+    c = list(comm_s)
+    return float(max([*fwd_s, *c]) + max([*bwd_s, *c]))
+
+
+class TimingRule(NamedTuple):
+    """How a schedule's pipeline time `fill + (m - 1) * beat` is made."""
+
+    fill: Callable[[Times, Times, Times], float]
+    """Seconds of the first micro-batch through all stages and back (fill and drain)."""
+    beat: Callable[[Times, Times, Times], float]
+    """Steady-state seconds each further micro-batch adds."""
+
+
+TIMING_RULES: dict[str, TimingRule] = {
+    "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
+    "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
+}
+"""Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
+
+
+def timing_rule(schedule: str) -> TimingRule:
+    """The timing rule of a schedule in the registry."""
+    return TIMING_RULES[SCHEDULES[schedule].timing_rule]
+
+
+def beat_s(fwd_s: Times, bwd_s: Times, comm_s: Times, schedule: str = "1f1b") -> float:
+    """Steady-state seconds per micro-batch: what each micro-batch beyond the first adds."""
+    return timing_rule(schedule).beat(fwd_s, bwd_s, comm_s)
 
 
 def pipeline_time_s(
@@ -61,10 +93,10 @@ def pipeline_time_s(
 def fill_and_beat(
     fwd_s: Sequence[float], bwd_s: Sequence[float], comm_s: Sequence[float], schedule: str = "1f1b"
 ) -> tuple[float, float]:
-    """(fill, beat) of `pipeline_time_s = fill + (m - 1) * beat`: one traversal of all stages
-    and links each way, then one beat per further micro-batch (the planner costs a pipeline
+    """(fill, beat) of `pipeline_time_s = fill + (m - 1) * beat` (the planner costs a pipeline
     shape once with these and any m afterwards)."""
-    return sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s), beat_s(fwd_s, bwd_s, comm_s, schedule)
+    rule = timing_rule(schedule)
+    return rule.fill(fwd_s, bwd_s, comm_s), rule.beat(fwd_s, bwd_s, comm_s)
 
 
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:

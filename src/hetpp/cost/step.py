@@ -6,13 +6,14 @@ from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, p2p_time_s
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import StageMemory, in_flight, stage_memory
+from hetpp.cost.memory import StageMemory, stage_memory
 from hetpp.cost.params import tied_copy_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
+from hetpp.specs.schedule import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         done = backward_done_s(bwd, comm, total)
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
-            k = in_flight(train.schedule, s, num, pipe.num_micro_batches)
+            k = SCHEDULES[train.schedule].in_flight(s, num, pipe.num_micro_batches)
             mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
             stages.append(
                 StageCost(

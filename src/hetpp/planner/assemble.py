@@ -83,16 +83,18 @@ def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
         for c, (_, b), d, nxt in zip(costs, spans, pipe.devices, pipe.devices[1:])
     ]
     fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
-    if problem.schedule == "gpipe":
+    spec = problem.schedule_spec
+    hi = UNBOUNDED
+    if not spec.bounded_in_flight:
         hi = min(
-            _gpipe_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
+            _micro_batch_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
             for c, (a, b), d in zip(costs, spans, pipe.devices)
         )
-        return Kind(fill, beat, 1, hi)
-    return Kind(fill, beat, len(pipe.devices), UNBOUNDED)
+    return Kind(fill, beat, spec.min_micro_batches(len(pipe.devices)), hi)
 
 
-def _gpipe_cap(problem, recompute, costs, a, b, capacity) -> int:
+def _micro_batch_cap(problem, recompute, costs, a, b, capacity) -> int:
+    """Most micro-batches a stage holding [a, b) can keep in flight at once."""
     cm = problem.cost_model(recompute)
     base = stage_memory(cm.model, cm.train, costs, a, b, 0).total
     per = costs.saved(a, b)

@@ -47,7 +47,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
         total = problem.global_batch // mbs
         fitting = 0
         for depth in range(1, min(n, layers) + 1):
-            lo = depth if problem.schedule == "1f1b" else 1
+            lo = problem.schedule_spec.min_micro_batches(depth)
             p = next((p for p in range(n // depth, 0, -1) if total % p == 0), 0)
             if not p or total // p < lo:
                 continue
@@ -77,7 +77,7 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             depth = sum(comp)
             if depth == 0:
                 break
-            lo = depth if problem.schedule == "1f1b" else 1
+            lo = problem.schedule_spec.min_micro_batches(depth)
             if total % p or total // p < lo or depth > problem.num_layers:
                 continue
             tmpl = ctx.best(comp)
@@ -105,7 +105,8 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
                 ctx.with_bounds(((key, d),), equal_bounds(problem.num_layers, d)) for d in depths
             ]
             items[key] = (count, [t for t in found if t is not None])
-        got = min_time(_one_depth_per_type(items, total, problem.schedule), total, use_tail=False)
+        budget = problem.schedule_spec.devices_within_batch
+        got = min_time(_one_depth_per_type(items, total, budget), total, use_tail=False)
         if got is None:
             continue
         t, layout = got
@@ -121,10 +122,11 @@ def _settings(problem: Problem, ws: Workspace) -> list[tuple[bool, int]]:
 
 
 def _one_depth_per_type(
-    items, total: int, schedule: str
+    items, total: int, device_budget: bool
 ) -> Callable[[float], tuple[float, Layout]]:
     """Solver for `min_time`: each type builds as many pipelines as it can of the one depth that
-    runs the most micro-batches by time t (devices in use capped by the batch under 1F1B)."""
+    runs the most micro-batches by time t (with `device_budget`, devices in use capped by the
+    micro-batches of the batch)."""
 
     def solve(t: float) -> tuple[float, Layout]:
         value, layout, used = 0.0, [], 0
@@ -139,7 +141,7 @@ def _one_depth_per_type(
                 value += float(caps[best] * n[best])
                 layout.append((templates[best], int(n[best])))
                 used += int(n[best]) * templates[best].num_stages
-        if schedule == "1f1b" and used > total:
+        if device_budget and used > total:
             return -1.0, []
         return value, layout
 

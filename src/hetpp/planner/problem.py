@@ -12,6 +12,7 @@ from hetpp.specs.catalog import GpuType
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.train import TrainSpec
 
 RecomputeMode = Literal["auto", "on", "off"]
@@ -71,6 +72,11 @@ class Problem:
     @property
     def schedule(self) -> str:
         return self.train.schedule
+
+    @property
+    def schedule_spec(self) -> ScheduleSpec:
+        """The schedule's registry entry."""
+        return SCHEDULES[self.train.schedule]
 
     def cost_model(self, recompute: bool) -> CostModel:
         """The cost model for one recomputation setting (built once)."""

@@ -117,7 +117,7 @@ def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
     templates = _all_templates(ctx)
     if not templates:
         return
-    dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule == "1f1b")
+    dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
     tails = np.array([t.tail_s for _, t in templates])
     comps = np.array([c for c, _ in templates]) > 0
     subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
@@ -144,7 +144,7 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
     homogeneous layouts too. The best few by estimate get the full cost; returns the best
     estimate."""
     total = ctx.problem.global_batch // ctx.mbs
-    budget = ctx.problem.schedule == "1f1b"
+    budget = ctx.problem.schedule_spec.devices_within_batch
     items = homogeneous_items(ctx)
     templates: list[TemplateCost] = []
     if mixed == "proportional":

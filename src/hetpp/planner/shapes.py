@@ -51,7 +51,8 @@ class TemplateCost:
     lo: int
     """Fewest micro-batches the schedule allows (1F1B: S)."""
     hi: int
-    """Most micro-batches memory allows (GPipe keeps all in flight; 1F1B: unbounded)."""
+    """Most micro-batches memory allows (unbounded where in-flight micro-batches are, as in
+    1F1B; GPipe keeps all in flight)."""
     tail_s: float
     """Estimated gradient sync that sticks out past the pipeline, plus the optimizer step."""
 
@@ -143,7 +144,8 @@ class ShapeContext:
         if len(keys) > self.num_layers:
             return None
         tables = [self.tables(k) for k in keys]
-        if not bounds_fit(tables, in_flight_per_stage(self.problem.schedule, len(keys)), bounds):
+        flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))
+        if not bounds_fit(tables, flight, bounds):
             return None
         return self._cost(runs, keys, tables, bounds)
 
@@ -152,8 +154,7 @@ class ShapeContext:
         if len(keys) > self.num_layers or len(forced) >= len(keys):
             return None
         tables = [self.tables(k) for k in keys]
-        schedule = self.problem.schedule
-        flight = in_flight_per_stage(schedule, len(keys))
+        flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))
         bounds = balance_stages(tables, flight, forced)
         if bounds is None:
             return None
@@ -168,11 +169,11 @@ class ShapeContext:
             for t, b, link in zip(tables, bounds[1:], links)
         )
         fill, beat = fill_and_beat(fwd, bwd, comm, self.problem.schedule)
-        if self.problem.schedule == "gpipe":
+        spec = self.problem.schedule_spec
+        lo = spec.min_micro_batches(len(keys))
+        hi = UNBOUNDED
+        if not spec.bounded_in_flight:  # every micro-batch in flight: memory caps m
             hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-            lo = 1
-        else:
-            hi, lo = UNBOUNDED, len(keys)
         tail = self._tail(keys, bounds, bwd, comm)
         return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail)
 
