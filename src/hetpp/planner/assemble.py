@@ -12,7 +12,7 @@ from hetpp.cost.comm import p2p_link, p2p_time_s
 from hetpp.cost.memory import stage_memory
 from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, step_cost
-from hetpp.planner.balance import Kind, allocate
+from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
@@ -70,7 +70,7 @@ class PlanResult:
         }
 
 
-def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
+def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
     """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
     cm = problem.cost_model(recompute)
     cl = problem.cluster
@@ -90,7 +90,7 @@ def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
             _micro_batch_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
             for c, (a, b), d in zip(costs, spans, pipe.devices)
         )
-    return Kind(fill, beat, spec.min_micro_batches(len(pipe.devices)), hi)
+    return PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.devices)), hi)
 
 
 def _micro_batch_cap(problem, recompute, costs, a, b, capacity) -> int:
@@ -113,11 +113,11 @@ def build_plan(
 ) -> Plan | None:
     """A Plan of these pipelines; micro-batch counts from data balance unless given.
     None if the global batch cannot be split over them."""
-    total = problem.global_batch // mbs
+    total = problem.micro_batches(mbs)
     if micro_batches is None:
-        groups: dict[Kind, list[int]] = {}
+        groups: dict[PipelineGroup, list[int]] = {}
         for i, p in enumerate(pipes):
-            groups.setdefault(pipe_kind(problem, recompute, mbs, p), []).append(i)
+            groups.setdefault(pipe_group(problem, recompute, mbs, p), []).append(i)
         kinds = [replace(k, count=len(v)) for k, v in groups.items()]
         got = allocate(kinds, total)
         if got is None:
@@ -155,7 +155,7 @@ def unused_devices(problem: Problem, plan: Plan) -> list[int]:
 
 
 @dataclass
-class Candidate:
+class Draft:
     """A plan in the making: pipelines on devices, with the search's estimate of its time."""
 
     estimate_s: float
@@ -176,7 +176,7 @@ def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -
 
 
 def best_candidate(
-    problem: Problem, candidates: Sequence[Candidate], strategy: str, top: int = 2
+    problem: Problem, candidates: Sequence[Draft], strategy: str, top: int = 2
 ) -> tuple[Plan, StepCost] | None:
     """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
     best: tuple[Plan, StepCost] | None = None
@@ -230,7 +230,7 @@ class Incumbent:
             self._seen.add(key)
             pipes = layout_pipes(self.problem, layout)
             if pipes is not None:
-                cands.append(Candidate(0.0, ctx.recompute, ctx.mbs, pipes))
+                cands.append(Draft(0.0, ctx.recompute, ctx.mbs, pipes))
         got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
         if got:
             self.offer_result(PlanResult(self.strategy, got[0], got[1]))

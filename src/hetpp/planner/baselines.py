@@ -19,19 +19,19 @@ import numpy as np
 
 from hetpp.cost.comm import p2p_link
 from hetpp.planner.assemble import (
-    Candidate,
+    Draft,
     Pipe,
     PlanResult,
     best_candidate,
     layout_pipes,
-    pipe_kind,
+    pipe_group,
 )
 from hetpp.planner.balance import capacities
 from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import Layout, min_time
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
-from hetpp.planner.shapes import ShapeContext, Workspace, template_arrays
+from hetpp.planner.shapes import ShapeContext, Workspace, run_lengths, template_arrays
 
 
 def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
@@ -39,12 +39,12 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
     n, layers = problem.cluster.num_devices, problem.num_layers
-    cands: list[Candidate] = []
+    cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
             continue
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         fitting = 0
         for depth in range(1, min(n, layers) + 1):
             lo = problem.schedule_spec.min_micro_batches(depth)
@@ -55,7 +55,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             pipes = [Pipe(tuple(s * p + q for s in range(depth)), bounds) for q in range(p)]
             est = _equal_batch_time(ctx, pipes, total // p)
             if est is not None:
-                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+                cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))
                 fitting += 1
             if fitting > DEPTHS:
                 break  # deeper: more bubbles for less gradient sync; a few are enough
@@ -66,12 +66,12 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     """P identical mixed pipelines of N_t // P devices of each type, DP split, equal batch."""
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
-    cands: list[Candidate] = []
+    cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
             continue
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         for p in range(1, problem.cluster.num_devices + 1):
             comp = tuple(c // p for c in ctx.counts)
             depth = sum(comp)
@@ -86,7 +86,7 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             pipes = layout_pipes(problem, [(tmpl, p)])
             est = _equal_batch_time(ctx, pipes, total // p) if pipes else None
             if est is not None:
-                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+                cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))
     return _result(problem, "layer-balanced", cands, t0)
 
 
@@ -97,7 +97,7 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     cands = []
     for rc, mbs in ws.settings():
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         items = {}
         for key, count in zip(ctx.keys, ctx.counts):
             depths = range(1, min(count, problem.num_layers) + 1)
@@ -112,7 +112,7 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
         t, layout = got
         pipes = layout_pipes(problem, layout)
         if pipes:
-            cands.append(Candidate(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
+            cands.append(Draft(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
     return _result(problem, "data-balanced", cands, t0)
 
 
@@ -156,11 +156,11 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
     for pipe in pipes:
         sig = _signature(problem, pipe)
         if sig not in seen:
-            runs = _runs(sig[0])
+            runs = run_lengths(sig[0])
             tmpl = ctx.with_bounds(runs, pipe.bounds) if runs else None
             if tmpl is None:
                 return None
-            kind = pipe_kind(problem, ctx.recompute, ctx.mbs, pipe)
+            kind = pipe_group(problem, ctx.recompute, ctx.mbs, pipe)
             if not kind.lo <= m <= kind.hi:
                 return None
             seen[sig] = kind.time(m) + tmpl.tail_s
@@ -175,17 +175,7 @@ def _signature(problem: Problem, pipe: Pipe) -> tuple:
     return keys, links
 
 
-def _runs(keys: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    out: list[list] = []
-    for k in keys:
-        if out and out[-1][0] == k:
-            out[-1][1] += 1
-        else:
-            out.append([k, 1])
-    return tuple((k, n) for k, n in out)
-
-
-def _result(problem: Problem, strategy: str, cands: list[Candidate], t0: float) -> PlanResult:
+def _result(problem: Problem, strategy: str, cands: list[Draft], t0: float) -> PlanResult:
     best = best_candidate(problem, cands, strategy)
     elapsed = time.perf_counter() - t0
     if best is None:

@@ -38,7 +38,7 @@ def ideal_time_bound(problem: Problem, recompute: bool, mbs: int) -> float:
     fill = float(np.min(per_layer, axis=0).sum())
     pipelines = min(
         problem.cluster.num_devices // least_stages(problem, recompute, mbs),
-        problem.global_batch // mbs,
+        problem.micro_batches(mbs),
     )
     return max(problem.global_batch / rate, fill + (problem.global_batch - pipelines * mbs) / rate)
 

@@ -181,7 +181,7 @@ def mixed_options(
     rate = np.array([r for r, _ in per_type])
     loss = np.array([p for _, p in per_type])
     counts = np.array(ctx.counts, dtype=float)
-    out = [(float(_lb(total, (counts * rate)[None], (counts * loss)[None])[0]), [])]
+    out = [(float(_capacity_bound(total, (counts * rate)[None], (counts * loss)[None])[0]), [])]
     for t in mixed:
         comp = np.zeros(len(keys))
         for k, n in t.runs:
@@ -195,13 +195,13 @@ def mixed_options(
         left = counts[None, :] - ks * comp[None, :]
         rates = np.hstack([left * rate, ks / t.beat_s])
         losses = np.hstack([left * loss, ks * (t.fill_s - t.beat_s) / t.beat_s])
-        lbs = _lb(total, rates, losses)
+        lbs = _capacity_bound(total, rates, losses)
         out += [(float(lb), [(t, int(k))]) for lb, k in zip(lbs, ks[:, 0])]
     out.sort(key=lambda x: x[0])
     return out
 
 
-def _lb(total: int, rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
+def _capacity_bound(total: int, rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
     """Per row, the T where sum over groups of max(0, rate T - loss) reaches `total`: the
     capacity bound is piecewise linear and increasing, so walk its breakpoints in order."""
     bp = np.where(rate > 0, loss / np.maximum(rate, 1e-300), np.inf)

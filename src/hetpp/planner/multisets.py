@@ -20,7 +20,7 @@ import numpy as np
 from hetpp.cost.comm import allreduce_time_s, fastest_link
 from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.balance import balanced_times
-from hetpp.planner.shapes import ShapeContext, TemplateCost, template_arrays
+from hetpp.planner.shapes import ShapeContext, TemplateCost, run_lengths, template_arrays
 
 Multiset = tuple[tuple[int, int], ...]
 """((template index, copies), ...)."""
@@ -58,22 +58,12 @@ def multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> list[Mul
         fits = np.flatnonzero((arr[start:] <= left).all(axis=1)) + start
         for i in fits:
             chosen.append(int(i))
-            out.append(_group(chosen))
+            out.append(run_lengths(chosen))
             walk(int(i), left - arr[i], chosen)
             chosen.pop()
 
     walk(0, np.array(counts), [])
     return out
-
-
-def _group(chosen: list[int]) -> Multiset:
-    out: list[list[int]] = []
-    for i in chosen:
-        if out and out[-1][0] == i:
-            out[-1][1] += 1
-        else:
-            out.append([i, 1])
-    return tuple((i, k) for i, k in out)
 
 
 def composition(ctx: ShapeContext, t: TemplateCost) -> tuple[int, ...]:
@@ -92,10 +82,10 @@ def lower_bounds(ctx: ShapeContext, templates: list[TemplateCost], sets: list[Mu
         for j, (i, k) in enumerate(s):
             idx[r, j], cnt[r, j] = i, k
     a = template_arrays(templates)
-    total = ctx.problem.global_batch // ctx.mbs
+    total = ctx.problem.micro_batches(ctx.mbs)
     t = balanced_times(a["fill"][idx], a["beat"][idx], a["lo"][idx], a["hi"][idx], cnt, total)
     opt_all, opt_first, grads_first = (
-        np.array(x) for x in zip(*(_after(ctx, x) for x in templates))
+        np.array(x) for x in zip(*(_optimizer_and_first_sync(ctx, x) for x in templates))
     )
     used = cnt > 0
     own_opt = np.where(used, opt_all[idx], np.inf).min(axis=1)
@@ -108,7 +98,7 @@ def lower_bounds(ctx: ShapeContext, templates: list[TemplateCost], sets: list[Mu
     return t + np.where(p[:, 0] > 1, np.maximum(own_opt, sync), own_opt)
 
 
-def _after(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
+def _optimizer_and_first_sync(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
     """(largest optimizer step of a stage, that of stage 0, gradients stage 0 all-reduces)."""
     opts = [
         optimizer_step_s(

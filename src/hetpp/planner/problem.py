@@ -88,6 +88,10 @@ class Problem:
     def recompute_options(self) -> list[bool]:
         return {"off": [False], "on": [True], "auto": [False, True]}[self.recompute_mode]
 
+    def micro_batches(self, mbs: int) -> int:
+        """Micro-batches of size `mbs` in the global batch (what data balance shares out)."""
+        return self.global_batch // mbs
+
     def batch_sizes(self) -> list[int]:
         """Micro-batch sizes that divide the global batch (every pipeline's share is a multiple)."""
         return [b for b in self.micro_batch_sizes if self.global_batch % b == 0]

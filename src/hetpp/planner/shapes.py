@@ -9,8 +9,10 @@ node), which makes every template cost a lower bound on any placed copy of it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -70,6 +72,13 @@ class TemplateCost:
 
 
 UNBOUNDED = 1 << 40
+
+T = TypeVar("T")
+
+
+def run_lengths(items: Iterable[T]) -> tuple[tuple[T, int], ...]:
+    """Consecutive equal items as (item, how many): GPU types in stage order become `Runs`."""
+    return tuple((k, len(list(g))) for k, g in itertools.groupby(items))
 
 
 class ShapeContext:
