@@ -26,7 +26,8 @@ from hetpp.specs.train import TrainSpec
 
 WARMUP_STEPS = 2
 """Steps left out of the measured median: the first sets up the pipeline (shape inference,
-communicator creation), the second still pays first-touch costs (measured: both 20-60% slower)."""
+communicator creation), the second still pays first-touch costs (measured:
+docs/benchmarks-runtime-choices.md)."""
 
 
 @dataclass(frozen=True)

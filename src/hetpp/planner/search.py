@@ -1,6 +1,6 @@
 """HPP search: pipelines of different shapes, a balanced split in each, a batch share per pipeline.
 
-Hierarchy (DESIGN.md, "Planner"):
+Hierarchy (docs/architecture.md, "Planner"):
 1. Stage balance (`partition`): a template's split, evaluated once per shape (`shapes`).
 2. Pipeline shapes: which templates, how many of each (`layout`), on which devices (`placement`).
    - Small clusters (few device-count vectors): exact. A dynamic program over device-count
