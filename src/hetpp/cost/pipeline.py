@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from hetpp.specs.schedule import SCHEDULES
 
 Times = Sequence[float]
@@ -87,7 +89,18 @@ def pipeline_time_s(
     trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
     finds it within 5% on the plans of docs/benchmarks-sim.md)."""
     fill, beat = fill_and_beat(fwd_s, bwd_s, comm_s, schedule)
-    return float(fill + (num_micro_batches - 1) * beat)
+    return float(steady_time_s(fill, beat, num_micro_batches))
+
+
+def steady_time_s(fill_s, beat_s, num_micro_batches):
+    """`fill + (m - 1) * beat`, elementwise over numpy arrays (the planner's data balance)."""
+    return fill_s + (num_micro_batches - 1) * beat_s
+
+
+def micro_batches_within(time_s, fill_s, beat_s):
+    """Most micro-batches m with `steady_time_s(fill, beat, m) <= time_s` (elementwise), with a
+    hair of slack so that a time computed as `fill + (m - 1) * beat` counts as reaching m."""
+    return np.floor((time_s - fill_s) / beat_s + 1e-9) + 1
 
 
 def fill_and_beat(

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetpp.cost.pipeline import micro_batches_within, steady_time_s
+
 BISECTION_STEPS = 64
 
 
@@ -33,7 +35,7 @@ class PipelineGroup:
     tail_s: float = 0.0
 
     def time(self, m: int) -> float:
-        return self.tail_s + self.fill_s + (m - 1) * self.beat_s
+        return steady_time_s(self.tail_s + self.fill_s, self.beat_s, m)
 
 
 def capacities(
@@ -45,8 +47,7 @@ def capacities(
     tail: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Most micro-batches each kind can run by time `t` (broadcast), 0 where fewer than `lo`."""
-    # A hair of slack so that t computed as fill + (m - 1) * beat counts as reaching m.
-    m = np.floor((t - tail - fill) / beat + 1e-9) + 1
+    m = micro_batches_within(t - tail, fill, beat)
     m = np.minimum(m, hi)
     return np.where(m >= lo, m, 0.0)
 
@@ -76,7 +77,7 @@ def balanced_times(
     used = count > 0
     ok = ((count * lo).sum(axis=1) <= total) & ((count * hi).sum(axis=1) >= total)
     ok &= np.where(used, hi >= lo, True).all(axis=1)
-    start = np.where(used, base + (lo - 1) * beat, 0.0).max(axis=1)
+    start = np.where(used, steady_time_s(base, beat, lo), 0.0).max(axis=1)
     if not ok.any():
         return np.full(len(fill), np.inf)
     # Every pipeline at its minimum may already cover the total; else bisect up from there.
@@ -115,7 +116,7 @@ def balanced_time(
     def enough(t: float) -> bool:
         return bool(_reaches_total(capacities(t, base, beat, lo, hi), lo, count, total))
 
-    start = float((base + (lo - 1) * beat).max())
+    start = float(steady_time_s(base, beat, lo).max())
     if enough(start):
         return start
     cont = (total - count.sum() + (count * base / beat).sum()) / (count / beat).sum()
@@ -130,7 +131,9 @@ def balanced_time(
     last = np.minimum(np.floor((right - base) / beat) + 1, hi)
     if (last - first).clip(0).sum() > 4096:  # a wide bracket: plain bisection
         return float(balanced_times(base, beat, lo, hi, count, total)[0])
-    steps = [b + (np.arange(f, e + 1) - 1) * bt for b, bt, f, e in zip(base, beat, first, last)]
+    steps = [
+        steady_time_s(b, bt, np.arange(f, e + 1)) for b, bt, f, e in zip(base, beat, first, last)
+    ]
     times = np.unique(np.concatenate(steps))
     times = times[(times > left) & (times <= right)]
     a, b = 0, len(times) - 1

@@ -18,7 +18,7 @@ import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s, hop_link, p2p_time_s, ring_link
 from hetpp.cost.params import ParamSums
-from hetpp.cost.pipeline import fill_and_beat
+from hetpp.cost.pipeline import backward_done_s, fill_and_beat, steady_time_s
 from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.partition import (
     StageTables,
@@ -68,7 +68,7 @@ class TemplateCost:
 
     def time(self, m: int) -> float:
         """Closed-form pipeline time for m micro-batches (best links, no sync)."""
-        return self.fill_s + (m - 1) * self.beat_s
+        return steady_time_s(self.fill_s, self.beat_s, m)
 
 
 UNBOUNDED = 1 << 40
@@ -211,14 +211,14 @@ class ShapeContext:
             (pools[k].intra_bw_bytes_per_s for k in keys),
             self.problem.num_nodes > 1,
         )
-        exposed, opt, ahead = 0.0, 0.0, 0.0
+        exposed, opt = 0.0, 0.0
+        done = backward_done_s(bwd, comm, 0.0)  # before the pipeline's end (0)
         for s, (a, b) in enumerate(itertools.pairwise(bounds)):
             grads = self.params.synced(a, b) * train.grad_bytes_per_param
             sync = allreduce_time_s(grads, replicas, link)
             bw = pools[keys[s]].gpu.mem_bw_bytes_per_s
             opt = max(opt, optimizer_step_s(state_bytes(self.params.stored(a, b), train), bw))
-            exposed = max(exposed, sync - ahead)
-            ahead += bwd[s] + (comm[s] if s < len(comm) else 0.0)
+            exposed = max(exposed, sync + done[s])
         return exposed + opt
 
 

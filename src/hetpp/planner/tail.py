@@ -16,6 +16,7 @@ import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s, ring_link
 from hetpp.cost.params import tied_copy_params
+from hetpp.cost.pipeline import backward_done_s
 from hetpp.cost.sync import optimizer_step_s, run_buckets, state_bytes, step_end_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost
 from hetpp.specs.cluster import Link
@@ -30,13 +31,12 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     train = ctx.cm.train
     replicas = sum(n for _, n in layout)
     link = _sync_link(ctx, layout)
-    # Each (template, stage) is done when the pipelines end (0), less its lag behind the end.
-    done: dict[Group, float] = {}
-    for i, (t, _) in enumerate(layout):
-        lag = 0.0
-        for s in range(t.num_stages):
-            done[(i, s)] = -lag
-            lag += t.bwd_s[s] + (t.comm_s[s] if s < len(t.comm_s) else 0.0)
+    # Each (template, stage) is done before the pipelines' common end (0).
+    done: dict[Group, float] = {
+        (i, s): d
+        for i, (t, _) in enumerate(layout)
+        for s, d in enumerate(backward_done_s(t.bwd_s, t.comm_s, 0.0))
+    }
     cuts = sorted({c for t, _ in layout for c in t.bounds})
     stage = [np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout]
     buckets: dict[tuple[int, ...], list[float]] = {}  # owners -> [params, last block start]
