@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from hetpp.cost.comm import p2p_time_s
+from hetpp.cost.compute import LayerCosts
+from hetpp.specs.cluster import Link
 from hetpp.specs.schedule import SCHEDULES
 
 Times = Sequence[float]
@@ -110,6 +114,19 @@ def fill_and_beat(
     shape once with these and any m afterwards)."""
     rule = timing_rule(schedule)
     return rule.fill(fwd_s, bwd_s, comm_s), rule.beat(fwd_s, bwd_s, comm_s)
+
+
+def stage_times(
+    costs: Sequence[LayerCosts], bounds: Sequence[int], links: Sequence[Link]
+) -> tuple[list[float], list[float], list[float]]:
+    """Per-micro-batch (forward, backward, one-way transfer to the next stage) of a pipeline
+    whose stage s holds layers `[bounds[s], bounds[s+1])` with layer costs `costs[s]`, its
+    transfers crossing `links` (length S-1)."""
+    spans = list(itertools.pairwise(bounds))
+    fwd = [c.fwd(a, b) for c, (a, b) in zip(costs, spans)]
+    bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
+    comm = [p2p_time_s(c.send_bytes[b - 1], link) for c, (_, b), link in zip(costs, spans, links)]
+    return fwd, bwd, comm
 
 
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, p2p_time_s
+from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
 from hetpp.cost.compute import CostModel
 from hetpp.cost.memory import StageMemory, stage_memory
 from hetpp.cost.params import tied_copy_params
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
+from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
 from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -97,12 +97,11 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         costs = [
             cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size) for st in pipe.stages
         ]
-        fwd = [c.fwd(*st.layers) for c, st in zip(costs, pipe.stages)]
-        bwd = [c.bwd(*st.layers) for c, st in zip(costs, pipe.stages)]
-        comm = [
-            p2p_time_s(c.send_bytes[st.layers[1] - 1], p2p_link(cluster, st.device, nxt.device))
-            for c, st, nxt in zip(costs, pipe.stages, pipe.stages[1:])
+        bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
+        links = [
+            p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
         ]
+        fwd, bwd, comm = stage_times(costs, bounds, links)
         total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, train.schedule)
         done = backward_done_s(bwd, comm, total)
         num = len(pipe.stages)

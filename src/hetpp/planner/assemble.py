@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hetpp.cost.comm import p2p_link, p2p_time_s
+from hetpp.cost.comm import p2p_link
 from hetpp.cost.memory import stage_memory
-from hetpp.cost.pipeline import fill_and_beat
+from hetpp.cost.pipeline import fill_and_beat, stage_times
 from hetpp.cost.step import StepCost, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
@@ -75,13 +75,9 @@ def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Pipel
     cm = problem.cost_model(recompute)
     cl = problem.cluster
     costs = [cm.layer_costs(cl.gpu(d), mbs) for d in pipe.devices]
+    links = [p2p_link(cl, d, nxt) for d, nxt in zip(pipe.devices, pipe.devices[1:])]
+    fwd, bwd, comm = stage_times(costs, pipe.bounds, links)
     spans = list(itertools.pairwise(pipe.bounds))
-    fwd = [c.fwd(a, b) for c, (a, b) in zip(costs, spans)]
-    bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
-    comm = [
-        p2p_time_s(c.send_bytes[b - 1], p2p_link(cl, d, nxt))
-        for c, (_, b), d, nxt in zip(costs, spans, pipe.devices, pipe.devices[1:])
-    ]
     fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
     spec = problem.schedule_spec
     hi = UNBOUNDED

@@ -16,9 +16,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s, hop_link, p2p_time_s, ring_link
+from hetpp.cost.comm import allreduce_time_s, hop_link, ring_link
 from hetpp.cost.params import ParamSums
-from hetpp.cost.pipeline import backward_done_s, fill_and_beat, steady_time_s
+from hetpp.cost.pipeline import backward_done_s, fill_and_beat, stage_times, steady_time_s
 from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.partition import (
     StageTables,
@@ -170,13 +170,8 @@ class ShapeContext:
         return self._cost(runs, keys, tables, bounds)
 
     def _cost(self, runs: Runs, keys, tables, bounds) -> TemplateCost:
-        fwd = tuple(t.costs.fwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-        bwd = tuple(t.costs.bwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-        links = self.best_links(runs)
-        comm = tuple(
-            p2p_time_s(t.costs.send_bytes[b - 1], link)
-            for t, b, link in zip(tables, bounds[1:], links)
-        )
+        times = stage_times([t.costs for t in tables], bounds, self.best_links(runs))
+        fwd, bwd, comm = (tuple(x) for x in times)
         fill, beat = fill_and_beat(fwd, bwd, comm, self.problem.schedule)
         spec = self.problem.schedule_spec
         lo = spec.min_micro_batches(len(keys))
