@@ -23,12 +23,11 @@ from pathlib import Path
 
 import yaml
 
-from hetpp.planner import Problem, physical_limit_samples_per_s, plan
+from hetpp.planner import BASELINES, Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.oracle import MAX_DEVICES
 from hetpp.specs import TrainSpec, load_cluster, load_model
 
 HERE = Path(__file__).parent
-BASELINES = ("uniform", "layer-balanced", "data-balanced")
 NOTES = "## Reading the results"
 
 

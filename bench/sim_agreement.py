@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from simplans import Case, cases
 
+from hetpp.cost.pipeline import beat_s
 from hetpp.cost.step import cost_model_for_plan, stage_costs, step_cost
 from hetpp.profile.table import load_profiles
 from hetpp.sim import compare_with_cost
@@ -42,10 +43,9 @@ def old_form(plan, cm) -> list[float]:
         st = stages[r : r + len(pipe.stages)]
         r += len(st)
         fill = sum(s.fwd_s + s.bwd_s + 2 * s.send_s for s in st)
-        if plan.schedule == "gpipe":
-            beat = max(s.fwd_s for s in st) + max(s.bwd_s for s in st)
-        else:
-            beat = max(s.fwd_s + s.bwd_s for s in st)
+        # the beat as if links were free: slowest f+b for 1F1B, slowest f + slowest b for GPipe
+        free = [0.0] * (len(st) - 1)
+        beat = beat_s([s.fwd_s for s in st], [s.bwd_s for s in st], free, plan.schedule)
         out.append(fill + (pipe.num_micro_batches - 1) * beat)
     return out
 

@@ -18,6 +18,7 @@ import numpy as np
 from hetpp.cost.compute import CostModel
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.specs import PRESETS, Cluster, Plan, TrainSpec, load_cluster, load_model
+from hetpp.specs.schedule import SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def make_plan(
         pipes.append([{"devices": [d], "layers": list(r)} for d, r in zip(devs, ranges)])
         costs = [cm.layer_costs(cluster.gpu(d), mbs) for d in devs]
         rates.append(1 / max(c.fwd(*r) + c.bwd(*r) for c, r in zip(costs, ranges)))
-    minimum = [len(p) if schedule == "1f1b" else 1 for p in pipelines]
+    minimum = [SCHEDULES[schedule].min_micro_batches(len(p)) for p in pipelines]
     counts = _micro_batches(rates, global_batch // mbs, minimum)
     return Plan(
         global_batch=mbs * sum(counts),

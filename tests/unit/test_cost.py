@@ -1,15 +1,19 @@
 """Cost model against hand computations."""
 
+from pathlib import Path
+
 import pytest
 
-from hetpp.cost.comm import allreduce_time_s, p2p_time_s
+from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, p2p_time_s
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import in_flight, stage_memory, stage_params
+from hetpp.cost.memory import stage_memory
+from hetpp.cost.params import stage_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.profile.table import ProfileRow, ProfileTable
-from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
+from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_cluster, load_model
 from hetpp.specs.cluster import Link
+from hetpp.specs.schedule import SCHEDULES
 
 
 def test_llama2_7b_one_stage_memory_by_hand():
@@ -17,7 +21,7 @@ def test_llama2_7b_one_stage_memory_by_hand():
     train = TrainSpec(global_batch=8, seq_len=2048)  # bf16 weights+grads, 12 B optimizer
     cm = CostModel(model, train, _one_node("H200", 1))
     costs = cm.layer_costs(CATALOG["h200"], 1)
-    mem = stage_memory(model, train, costs, 0, 34, in_flight("1f1b", 0, 1, 8))
+    mem = stage_memory(model, train, costs, 0, 34, SCHEDULES["1f1b"].in_flight(0, 1, 8))
     n = 6_738_415_616
     assert mem.weights + mem.grads + mem.optimizer == 16 * n  # 107.8 GB of model states
     h, f, s = 4096, 11008, 2048
@@ -52,10 +56,12 @@ def test_recomputation_keeps_only_layer_inputs():
     )
 
 
-def test_in_flight_1f1b_and_gpipe():
-    assert [in_flight("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
-    assert in_flight("1f1b", 0, 4, 2) == 2
-    assert in_flight("gpipe", 3, 4, 8) == 8
+def test_in_flight_and_fewest_micro_batches_1f1b_and_gpipe():
+    one, gpipe = SCHEDULES["1f1b"], SCHEDULES["gpipe"]
+    assert [one.in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert one.in_flight(0, 4, 2) == 2
+    assert gpipe.in_flight(3, 4, 8) == 8
+    assert (one.min_micro_batches(4), gpipe.min_micro_batches(4)) == (4, 1)
 
 
 def test_tied_head_stores_a_copy_unless_with_embedding():
@@ -146,3 +152,14 @@ def test_fp32_training_keeps_fp32_grads_and_no_master_copy():
         TrainSpec(global_batch=8, precision="fp32", grad_bytes_per_param=2).grad_bytes_per_param
         == 2
     )
+
+
+def test_links_intra_and_inter_node():
+    c = load_cluster(Path(__file__).parents[2] / "examples" / "a100-v100.yaml")
+    assert p2p_link(c, 0, 7).bw_bytes_per_s == 300e9
+    assert p2p_link(c, 16, 17).bw_bytes_per_s == 150e9
+    assert p2p_link(c, 7, 8).bw_bytes_per_s == 12.5e9
+    assert p2p_link(c, 7, 8).latency_s == pytest.approx(10e-6)
+    # A ring that leaves a node runs at the slower of network and node fabric.
+    assert group_link(c, [0, 16]).bw_bytes_per_s == 12.5e9
+    assert group_link(c, [16, 17, 18]).bw_bytes_per_s == 150e9

@@ -12,6 +12,8 @@ PURE = [
     "hetpp.planner",
     "hetpp.sim",
     "hetpp.report.tables",
+    "hetpp.report.plans",
+    "hetpp.report.inputs",
     "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
 ]
 

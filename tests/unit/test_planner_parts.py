@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from planner_cases import cluster, problem
 
 from hetpp.cost.memory import stage_memory, stage_memory_parts
-from hetpp.cost.pipeline import pipeline_time_s
-from hetpp.planner.balance import Kind, allocate, balanced_time, balanced_times
+from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
+from hetpp.planner.balance import PipelineGroup, allocate, balanced_time, balanced_times
 from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
 from hetpp.planner.multisets import count_multisets, multisets
 from hetpp.planner.partition import balance_stages, equal_bounds
 from hetpp.planner.placement import place
-from hetpp.planner.shapes import ShapeContext, closed_form
+from hetpp.planner.shapes import ShapeContext
 from hetpp.specs import CATALOG
 
 
@@ -72,21 +72,21 @@ def test_equal_bounds():
     st.sampled_from(["1f1b", "gpipe"]),
 )
 @settings(max_examples=40, deadline=None)
-def test_closed_form_matches_pipeline_time(fwd, bwd, comm, m, schedule):
+def test_fill_and_beat_match_pipeline_time(fwd, bwd, comm, m, schedule):
     bwd, comm = bwd[: len(fwd)], comm[: len(fwd) - 1]
-    fill, beat = closed_form(fwd, bwd, comm, schedule)
+    fill, beat = fill_and_beat(fwd, bwd, comm, schedule)
     assert fill + (m - 1) * beat == pytest.approx(pipeline_time_s(fwd, bwd, comm, m, schedule))
 
 
 def test_allocate_by_hand():
     # Two pipelines: a fast one (1 s per micro-batch) and a slow one (2 s), both 1 s to fill.
-    kinds = [Kind(1.0, 1.0, 1, 100), Kind(2.0, 2.0, 1, 100)]
+    kinds = [PipelineGroup(1.0, 1.0, 1, 100), PipelineGroup(2.0, 2.0, 1, 100)]
     t, counts = allocate(kinds, 9)
     assert counts == [[6], [3]] and t == 6.0
     # 1F1B minimum: a 4-stage pipeline needs >= 4 micro-batches even if that is slower.
-    t, counts = allocate([Kind(1.0, 1.0, 1, 100), Kind(8.0, 2.0, 4, 100)], 6)
+    t, counts = allocate([PipelineGroup(1.0, 1.0, 1, 100), PipelineGroup(8.0, 2.0, 4, 100)], 6)
     assert counts == [[2], [4]] and t == 14.0
-    assert allocate([Kind(1.0, 1.0, 4, 100, count=2)], 7) is None  # needs 8
+    assert allocate([PipelineGroup(1.0, 1.0, 4, 100, count=2)], 7) is None  # needs 8
 
 
 @given(
@@ -106,7 +106,7 @@ def test_allocate_by_hand():
 )
 @settings(max_examples=60, deadline=None)
 def test_balance_is_optimal_against_brute_force(spec, total):
-    kinds = [Kind(f, b, lo, max(lo, hi), n, tail) for f, b, lo, hi, n, tail in spec]
+    kinds = [PipelineGroup(f, b, lo, max(lo, hi), n, tail) for f, b, lo, hi, n, tail in spec]
     pipes = [k for k in kinds for _ in range(k.count)]
     best = math.inf
     for ms in itertools.product(*[range(k.lo, k.hi + 1) for k in pipes]):

@@ -38,17 +38,6 @@ def test_device_ids_follow_file_order():
     assert [c.devices[i].node for i in (0, 7, 8, 15, 16, 31)] == [0, 0, 1, 1, 2, 3]
 
 
-def test_links_intra_and_inter_node():
-    c = load_cluster(EXAMPLES / "a100-v100.yaml")
-    assert c.link(0, 7).bw_bytes_per_s == 300e9
-    assert c.link(16, 17).bw_bytes_per_s == 150e9
-    assert c.link(7, 8).bw_bytes_per_s == 12.5e9
-    assert c.link(7, 8).latency_s == pytest.approx(10e-6)
-    # A ring that leaves a node runs at the slower of network and node fabric.
-    assert c.group_link([0, 16]).bw_bytes_per_s == 12.5e9
-    assert c.group_link([16, 17, 18]).bw_bytes_per_s == 150e9
-
-
 def test_custom_type_and_override(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(

@@ -12,6 +12,7 @@ from hetpp.profile.table import load_profiles
 from hetpp.specs.cluster import load_cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.presets import load_model_config
+from hetpp.specs.schedule import SCHEDULES
 from hetpp.specs.train import DTYPE_BYTES, TrainSpec
 
 
@@ -52,7 +53,7 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="activation recomputation: auto plans both ways and keeps the faster",
     )
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--reserve-gb",

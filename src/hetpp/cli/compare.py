@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.console import Console
+
 from hetpp.cli._options import add_problem_arguments, problem_from, search_progress
 from hetpp.planner import STRATEGIES, plan
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible
 from hetpp.planner.oracle import MAX_DEVICES
+from hetpp.report.plans import comparison_table
 from hetpp.specs.errors import SpecError
 
 EXAMPLES = """examples:
@@ -17,8 +20,6 @@ EXAMPLES = """examples:
   hetpp compare --cluster cluster.yaml --model llama2-7b --global-batch 512 --json
   hetpp compare --cluster cluster.yaml --model gpt3-6.7b --global-batch 512 --plot compare.png
 """
-
-ORDER = ("uniform", "layer-balanced", "data-balanced", "hpp", "oracle")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,9 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def compare(args: argparse.Namespace, progress: bool = True) -> list[PlanResult]:
     """Each strategy on a fresh problem (so no strategy profits from another's caches)."""
-    assert set(ORDER) == set(STRATEGIES)
     results = []
-    for name in ORDER:
+    for name in STRATEGIES:
         problem = problem_from(args)
         if name == "oracle" and problem.cluster.num_devices > MAX_DEVICES:
             results.append(PlanResult(name, None, None, 0.0, f"more than {MAX_DEVICES} devices"))
@@ -64,34 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entries, indent=1))
     else:
-        print_comparison(results)
+        Console().print(comparison_table(results))
         if args.plot:
             print(f"chart written to {args.plot}")
     return 0
-
-
-def print_comparison(results: list[PlanResult]) -> None:
-    """Rich table: throughput, iteration time, hpp's speed-up over each (hpp gain), pipelines,
-    GPUs used and search time."""
-    from rich.console import Console
-    from rich.table import Table
-
-    hpp = next(r for r in results if r.strategy == "hpp")
-    table = Table(title="planner strategies (same cost model)")
-    for col in ("strategy", "samples/s", "step", "hpp gain", "pipes", "GPUs", "search"):
-        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
-    for r in results:
-        if not r.feasible or r.plan is None:
-            table.add_row(r.strategy, "-", "-", "-", "-", "-", f"({r.note or 'infeasible'})")
-            continue
-        speedup = hpp.throughput_samples_per_s / r.throughput_samples_per_s if hpp.feasible else 0
-        table.add_row(
-            r.strategy,
-            f"{r.throughput_samples_per_s:.2f}",
-            f"{r.iteration_time_s:.3f} s",
-            f"{speedup:.2f}x" if speedup else "-",
-            str(len(r.plan.pipelines)),
-            str(r.plan.num_devices),
-            f"{r.search_time_s:.2f} s",
-        )
-    Console().print(table)

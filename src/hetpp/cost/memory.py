@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from hetpp.cost.compute import LayerCosts
+from hetpp.cost.params import stage_params, tied_copy_params
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.train import TrainSpec
 
@@ -27,24 +29,23 @@ class StageMemory(NamedTuple):
         return self.weights + self.grads + self.optimizer + self.activations + self.reserve
 
 
-def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
-    """Micro-batches whose activations a stage holds at once: 1F1B warms up S - s of them."""
-    if schedule == "gpipe":
-        return num_micro_batches
-    return min(num_micro_batches, num_stages - stage)
+def model_state_bytes(model: ModelSpec, train: TrainSpec) -> float:
+    """Weights, gradients and optimizer state of the whole model (tied weights once)."""
+    return model.total_params * train.state_bytes_per_param
 
 
-def stage_params(model: ModelSpec, start: int, end: int) -> int:
-    """Parameters stored by a stage holding layers [start, end).
+def usable_bytes(capacity_bytes: float, train: TrainSpec) -> float:
+    """What a device of `capacity_bytes` offers after the reserve."""
+    return capacity_bytes - train.reserve_bytes
 
-    A tied head stores its own copy of the embedding matrix unless the embedding is in the same
-    stage, where one tensor serves both."""
-    layers = model.layers[start:end]
-    total = sum(x.stored_params for x in layers)
-    last = model.layers[-1]
-    if start == 0 and end == len(model.layers) and last.stored_params != last.params:
-        total -= last.stored_params - last.params
-    return total
+
+def devices_to_hold(nbytes: float, capacity_bytes: float, train: TrainSpec) -> int | None:
+    """Fewest devices of `capacity_bytes` each that hold `nbytes` of model state (activations
+    would only add); None if the reserve leaves such a device nothing."""
+    usable = usable_bytes(capacity_bytes, train)
+    if usable <= 0:
+        return None
+    return max(1, math.ceil(nbytes / usable))
 
 
 def stage_memory(
@@ -76,9 +77,7 @@ def stage_memory_parts(
     num = len(model.layers)
     params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
     n = params[None, :] - params[:, None]
-    last = model.layers[-1]
-    if last.stored_params != last.params:
-        n[0, num] -= last.stored_params - last.params  # one tensor serves tied embedding and head
+    n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
     state = n * (train.dtype_bytes + train.grad_bytes_per_param + train.optimizer_bytes_per_param)
     fixed = state + _range_max(costs.peak_extra_bytes) + 2 * _range_max(costs.send_bytes)
     saved = costs.saved_cum[None, :] - costs.saved_cum[:, None]

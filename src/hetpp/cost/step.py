@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from hetpp.cost.comm import allreduce_time_s, p2p_time_s
+from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import StageMemory, in_flight, stage_memory
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
+from hetpp.cost.memory import StageMemory, stage_memory
+from hetpp.cost.params import tied_copy_params
+from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
+from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
+from hetpp.specs.schedule import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -94,17 +97,16 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         costs = [
             cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size) for st in pipe.stages
         ]
-        fwd = [c.fwd(*st.layers) for c, st in zip(costs, pipe.stages)]
-        bwd = [c.bwd(*st.layers) for c, st in zip(costs, pipe.stages)]
-        comm = [
-            p2p_time_s(c.send_bytes[st.layers[1] - 1], cluster.link(st.device, nxt.device))
-            for c, st, nxt in zip(costs, pipe.stages, pipe.stages[1:])
+        bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
+        links = [
+            p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
         ]
+        fwd, bwd, comm = stage_times(costs, bounds, links)
         total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, train.schedule)
         done = backward_done_s(bwd, comm, total)
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
-            k = in_flight(train.schedule, s, num, pipe.num_micro_batches)
+            k = SCHEDULES[train.schedule].in_flight(s, num, pipe.num_micro_batches)
             mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
             stages.append(
                 StageCost(
@@ -126,40 +128,40 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
-    """Block-wise all-reduce in `grad_buckets` order, each bucket starting when all its owners
-    are done with backward and free of earlier buckets."""
-    done = {s.device: s.done_s for s in stages}
+    """Block-wise all-reduce in `grad_buckets` order, then the tied embedding/head bucket
+    (`hetpp.cost.sync.run_buckets` times them)."""
     grad = cm.train.grad_bytes_per_param
-    free = dict(done)
-    out = []
-    for owners, blocks in grad_buckets(plan):
-        nbytes = sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks) * grad
-        ready = max(done[o] for o in owners)
-        start = max(ready, *(free[o] for o in owners))
-        end = start + allreduce_time_s(nbytes, len(set(owners)), cm.cluster.group_link(owners))
-        for o in owners:
-            free[o] = end
-        out.append(SyncBucket(owners, tuple(blocks), nbytes, ready, start, end))
-    tied = _tied_bucket(plan, cm, free)
-    return out + ([tied] if tied else [])
+    order = [
+        (owners, tuple(blocks), sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks))
+        for owners, blocks in grad_buckets(plan)
+    ]
+    tied = _tied_holders(plan, cm)
+    if tied:
+        order.append((tied, (), tied_copy_params(cm.model)))
+    durations = [
+        (owners, allreduce_time_s(n * grad, len(set(owners)), group_link(cm.cluster, owners)))
+        for owners, _, n in order
+    ]
+    times, _ = run_buckets(durations, {s.device: s.done_s for s in stages})
+    out = [
+        SyncBucket(owners, blocks, n * grad, ready, start, end)
+        for (owners, blocks, n), (ready, start, end) in zip(order, times)
+    ]
+    if tied:  # it waits for its holders' block buckets: ready once they are free of them
+        out[-1] = replace(out[-1], ready_s=out[-1].start_s)
+    return out
 
 
-def _tied_bucket(plan: Plan, cm: CostModel, free: dict[int, float]) -> SyncBucket | None:
-    """Tied embedding/head: the ranks holding either copy also sum that matrix's gradient."""
-    last = cm.model.layers[-1]
-    if last.stored_params == last.params:
-        return None
-    holders = sorted(
-        {p.stages[0].device for p in plan.pipelines} | {p.stages[-1].device for p in plan.pipelines}
-    )
-    if all(len(p.stages) == 1 for p in plan.pipelines):
-        return None  # one copy per pipeline; the block all-reduce of layer 0 already covers it
-    nbytes = (last.stored_params - last.params) * cm.train.grad_bytes_per_param
-    start = max(free[d] for d in holders)
-    end = start + allreduce_time_s(nbytes, len(holders), cm.cluster.group_link(holders))
-    for d in holders:
-        free[d] = end
-    return SyncBucket(tuple(holders), (), nbytes, start, start, end)
+def _tied_holders(plan: Plan, cm: CostModel) -> tuple[int, ...]:
+    """Tied embedding/head: the ranks holding either copy also sum that matrix's gradient
+    (none when untied, or when every pipeline has one stage: the block all-reduce of layer 0
+    then covers the one copy per pipeline)."""
+    if tied_copy_params(cm.model) == 0 or all(len(p.stages) == 1 for p in plan.pipelines):
+        return ()
+    ends = {p.stages[0].device for p in plan.pipelines} | {
+        p.stages[-1].device for p in plan.pipelines
+    }
+    return tuple(sorted(ends))
 
 
 def step_cost(plan: Plan, cm: CostModel) -> StepCost:
@@ -174,19 +176,20 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     opt = {s.device: optimizer_time_s(cm, s) for s in stages}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
-    iteration = max(max(end[d], pipe_end[d]) + opt[d] for d in end)
     return StepCost(
         tuple(stages),
         tuple(times),
         tuple(buckets),
         max(0.0, sync_end - compute_end),
         max(opt.values()),
-        iteration,
+        step_end_s(end, pipe_end, opt),
         plan.global_batch,
     )
 
 
 def optimizer_time_s(cm: CostModel, stage: StageCost) -> float:
-    """The optimizer reads and writes every state byte once: memory-bound."""
+    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`)."""
     m = stage.memory
-    return 2 * (m.weights + m.grads + m.optimizer) / cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
+    return optimizer_step_s(
+        m.weights + m.grads + m.optimizer, cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
+    )

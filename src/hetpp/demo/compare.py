@@ -14,7 +14,8 @@ from pathlib import Path
 
 from hetpp.cost.step import cost_model_for_plan
 from hetpp.demo.runs import OnStep, train_plan
-from hetpp.planner import STRATEGIES, PlanResult, Problem, plan
+from hetpp.planner import BASELINES, PlanResult, Problem, plan
+from hetpp.planner.shapes import run_lengths
 from hetpp.profile.table import ProfileTable
 from hetpp.sim.replay import simulate_plan
 from hetpp.sim.result import SimResult
@@ -23,11 +24,10 @@ from hetpp.specs.model import ModelConfig, ModelSpec
 from hetpp.specs.plan import Plan
 from hetpp.specs.train import TrainSpec
 
-BASELINES = tuple(s for s in STRATEGIES if s not in ("hpp", "oracle"))
-"""The strategies hpp is compared with (the oracle searches hpp's own space)."""
 WARMUP_STEPS = 2
 """Steps left out of the measured median: the first sets up the pipeline (shape inference,
-communicator creation), the second still pays first-touch costs (measured: both 20-60% slower)."""
+communicator creation), the second still pays first-touch costs (measured:
+docs/benchmarks-runtime-choices.md)."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +157,7 @@ def describe(p: Plan) -> str:
     assert p.cluster is not None
     parts = []
     for pipe in p.pipelines:
-        runs: list[list] = []
-        for st in pipe.stages:
-            gpu = p.cluster.gpu(st.device).name
-            if runs and runs[-1][0] == gpu:
-                runs[-1][1] += 1
-            else:
-                runs.append([gpu, 1])
+        runs = run_lengths(p.cluster.gpu(st.device).name for st in pipe.stages)
         shape = "+".join(f"{g}×{n}" if n > 1 else g for g, n in runs)
         parts.append(f"{shape} ({pipe.batch})")
     return " + ".join(parts)

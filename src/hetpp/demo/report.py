@@ -8,8 +8,6 @@ from rich import box
 from rich.table import Table
 
 from hetpp.demo.compare import Candidate, describe
-from hetpp.demo.emulated import type_factors
-from hetpp.specs.cluster import Cluster
 
 RESULT_COLUMNS = (
     "strategy",
@@ -93,21 +91,6 @@ def markdown_table(cands: list[Candidate], batch: int) -> str:
         cells.insert(1, describe(c.plan) if c.plan else "no plan fits")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
-
-
-def cluster_table(cluster: Cluster) -> Table:
-    """The emulated GPU types: how many, how much slower than one core of this CPU, memory."""
-    t = Table(title=f"Emulated cluster {cluster.name!r}", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("GPU type", "devices", "slower than 1 CPU core", "memory MB"):
-        t.add_column(col, justify="left" if col == "GPU type" else "right")
-    factors = type_factors(cluster)
-    for gpu, factor in factors.items():
-        devices = [d.id for d in cluster.devices if d.gpu.name == gpu]
-        mem = cluster.type_table[gpu.lower()].memory_gb * 1e3
-        t.add_row(
-            gpu, f"{len(devices)} (ids {devices[0]}-{devices[-1]})", f"{factor:g}x", f"{mem:g}"
-        )
-    return t
 
 
 def write_charts(trained: list[Candidate], out: Path, model: str) -> list[Path]:

@@ -18,9 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hetpp.demo.compare import WARMUP_STEPS, Candidate, Setup, best_baseline, describe, plan_all
 from hetpp.demo.compare import measure as measure_candidate
-from hetpp.demo.emulated import builtin_cluster, emulated_profiles, profile_cpu
-from hetpp.demo.report import cluster_table, plans_table, results_table, write_charts
+from hetpp.demo.emulated import builtin_cluster, emulated_profiles, profile_cpu, type_factors
+from hetpp.demo.report import plans_table, results_table, write_charts
 from hetpp.profile.table import ProfileTable
+from hetpp.report.inputs import cluster_table
 from hetpp.specs.presets import PRESETS
 
 MODEL = "gpt-demo"
@@ -106,7 +107,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
 
 def _intro(setup: Setup, console: Console) -> None:
     console.rule("hetpp demo: a mixed cluster, the plan hpp finds, the plans others would use")
-    console.print(cluster_table(setup.cluster))
+    factors = type_factors(setup.cluster)
+    console.print(cluster_table(setup.cluster, factors, title="Emulated cluster"))
     c = setup.model
     console.print(
         f"Model {c.name} ({c.num_layers} blocks, hidden {c.hidden_size}; layer 0 is the "

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hetpp.cost.comm import p2p_time_s
+from hetpp.cost.comm import p2p_link
 from hetpp.cost.memory import stage_memory
+from hetpp.cost.pipeline import fill_and_beat, stage_times
 from hetpp.cost.step import StepCost, step_cost
-from hetpp.planner.balance import Kind, allocate
+from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
-from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost, closed_form
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
 
@@ -69,29 +70,27 @@ class PlanResult:
         }
 
 
-def pipe_kind(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Kind:
+def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
     """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
     cm = problem.cost_model(recompute)
     cl = problem.cluster
     costs = [cm.layer_costs(cl.gpu(d), mbs) for d in pipe.devices]
+    links = [p2p_link(cl, d, nxt) for d, nxt in zip(pipe.devices, pipe.devices[1:])]
+    fwd, bwd, comm = stage_times(costs, pipe.bounds, links)
     spans = list(itertools.pairwise(pipe.bounds))
-    fwd = [c.fwd(a, b) for c, (a, b) in zip(costs, spans)]
-    bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
-    comm = [
-        p2p_time_s(c.send_bytes[b - 1], cl.link(d, nxt))
-        for c, (_, b), d, nxt in zip(costs, spans, pipe.devices, pipe.devices[1:])
-    ]
-    fill, beat = closed_form(fwd, bwd, comm, problem.schedule)
-    if problem.schedule == "gpipe":
+    fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
+    spec = problem.schedule_spec
+    hi = UNBOUNDED
+    if not spec.bounded_in_flight:
         hi = min(
-            _gpipe_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
+            _micro_batch_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
             for c, (a, b), d in zip(costs, spans, pipe.devices)
         )
-        return Kind(fill, beat, 1, hi)
-    return Kind(fill, beat, len(pipe.devices), UNBOUNDED)
+    return PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.devices)), hi)
 
 
-def _gpipe_cap(problem, recompute, costs, a, b, capacity) -> int:
+def _micro_batch_cap(problem, recompute, costs, a, b, capacity) -> int:
+    """Most micro-batches a stage holding [a, b) can keep in flight at once."""
     cm = problem.cost_model(recompute)
     base = stage_memory(cm.model, cm.train, costs, a, b, 0).total
     per = costs.saved(a, b)
@@ -110,11 +109,11 @@ def build_plan(
 ) -> Plan | None:
     """A Plan of these pipelines; micro-batch counts from data balance unless given.
     None if the global batch cannot be split over them."""
-    total = problem.global_batch // mbs
+    total = problem.micro_batches(mbs)
     if micro_batches is None:
-        groups: dict[Kind, list[int]] = {}
+        groups: dict[PipelineGroup, list[int]] = {}
         for i, p in enumerate(pipes):
-            groups.setdefault(pipe_kind(problem, recompute, mbs, p), []).append(i)
+            groups.setdefault(pipe_group(problem, recompute, mbs, p), []).append(i)
         kinds = [replace(k, count=len(v)) for k, v in groups.items()]
         got = allocate(kinds, total)
         if got is None:
@@ -152,7 +151,7 @@ def unused_devices(problem: Problem, plan: Plan) -> list[int]:
 
 
 @dataclass
-class Candidate:
+class Draft:
     """A plan in the making: pipelines on devices, with the search's estimate of its time."""
 
     estimate_s: float
@@ -173,7 +172,7 @@ def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -
 
 
 def best_candidate(
-    problem: Problem, candidates: Sequence[Candidate], strategy: str, top: int = 2
+    problem: Problem, candidates: Sequence[Draft], strategy: str, top: int = 2
 ) -> tuple[Plan, StepCost] | None:
     """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
     best: tuple[Plan, StepCost] | None = None
@@ -227,7 +226,7 @@ class Incumbent:
             self._seen.add(key)
             pipes = layout_pipes(self.problem, layout)
             if pipes is not None:
-                cands.append(Candidate(0.0, ctx.recompute, ctx.mbs, pipes))
+                cands.append(Draft(0.0, ctx.recompute, ctx.mbs, pipes))
         got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
         if got:
             self.offer_result(PlanResult(self.strategy, got[0], got[1]))

@@ -17,20 +17,21 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hetpp.cost.comm import p2p_link
 from hetpp.planner.assemble import (
-    Candidate,
+    Draft,
     Pipe,
     PlanResult,
     best_candidate,
     layout_pipes,
-    pipe_kind,
+    pipe_group,
 )
 from hetpp.planner.balance import capacities
 from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import Layout, min_time
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
-from hetpp.planner.shapes import ShapeContext, Workspace, template_arrays
+from hetpp.planner.shapes import ShapeContext, Workspace, run_lengths, template_arrays
 
 
 def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
@@ -38,15 +39,15 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
     n, layers = problem.cluster.num_devices, problem.num_layers
-    cands: list[Candidate] = []
+    cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
             continue
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         fitting = 0
         for depth in range(1, min(n, layers) + 1):
-            lo = depth if problem.schedule == "1f1b" else 1
+            lo = problem.schedule_spec.min_micro_batches(depth)
             p = next((p for p in range(n // depth, 0, -1) if total % p == 0), 0)
             if not p or total // p < lo:
                 continue
@@ -54,7 +55,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             pipes = [Pipe(tuple(s * p + q for s in range(depth)), bounds) for q in range(p)]
             est = _equal_batch_time(ctx, pipes, total // p)
             if est is not None:
-                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+                cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))
                 fitting += 1
             if fitting > DEPTHS:
                 break  # deeper: more bubbles for less gradient sync; a few are enough
@@ -65,18 +66,18 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     """P identical mixed pipelines of N_t // P devices of each type, DP split, equal batch."""
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
-    cands: list[Candidate] = []
+    cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
             continue
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         for p in range(1, problem.cluster.num_devices + 1):
             comp = tuple(c // p for c in ctx.counts)
             depth = sum(comp)
             if depth == 0:
                 break
-            lo = depth if problem.schedule == "1f1b" else 1
+            lo = problem.schedule_spec.min_micro_batches(depth)
             if total % p or total // p < lo or depth > problem.num_layers:
                 continue
             tmpl = ctx.best(comp)
@@ -85,7 +86,7 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             pipes = layout_pipes(problem, [(tmpl, p)])
             est = _equal_batch_time(ctx, pipes, total // p) if pipes else None
             if est is not None:
-                cands.append(Candidate(est, rc, mbs, pipes, [total // p] * p))
+                cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))
     return _result(problem, "layer-balanced", cands, t0)
 
 
@@ -96,7 +97,7 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     cands = []
     for rc, mbs in ws.settings():
         ctx = ws.context(rc, mbs)
-        total = problem.global_batch // mbs
+        total = problem.micro_batches(mbs)
         items = {}
         for key, count in zip(ctx.keys, ctx.counts):
             depths = range(1, min(count, problem.num_layers) + 1)
@@ -104,13 +105,14 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
                 ctx.with_bounds(((key, d),), equal_bounds(problem.num_layers, d)) for d in depths
             ]
             items[key] = (count, [t for t in found if t is not None])
-        got = min_time(_one_depth_per_type(items, total, problem.schedule), total, use_tail=False)
+        budget = problem.schedule_spec.devices_within_batch
+        got = min_time(_one_depth_per_type(items, total, budget), total, use_tail=False)
         if got is None:
             continue
         t, layout = got
         pipes = layout_pipes(problem, layout)
         if pipes:
-            cands.append(Candidate(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
+            cands.append(Draft(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
     return _result(problem, "data-balanced", cands, t0)
 
 
@@ -120,10 +122,11 @@ def _settings(problem: Problem, ws: Workspace) -> list[tuple[bool, int]]:
 
 
 def _one_depth_per_type(
-    items, total: int, schedule: str
+    items, total: int, device_budget: bool
 ) -> Callable[[float], tuple[float, Layout]]:
     """Solver for `min_time`: each type builds as many pipelines as it can of the one depth that
-    runs the most micro-batches by time t (devices in use capped by the batch under 1F1B)."""
+    runs the most micro-batches by time t (with `device_budget`, devices in use capped by the
+    micro-batches of the batch)."""
 
     def solve(t: float) -> tuple[float, Layout]:
         value, layout, used = 0.0, [], 0
@@ -138,7 +141,7 @@ def _one_depth_per_type(
                 value += float(caps[best] * n[best])
                 layout.append((templates[best], int(n[best])))
                 used += int(n[best]) * templates[best].num_stages
-        if schedule == "1f1b" and used > total:
+        if device_budget and used > total:
             return -1.0, []
         return value, layout
 
@@ -153,11 +156,11 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
     for pipe in pipes:
         sig = _signature(problem, pipe)
         if sig not in seen:
-            runs = _runs(sig[0])
+            runs = run_lengths(sig[0])
             tmpl = ctx.with_bounds(runs, pipe.bounds) if runs else None
             if tmpl is None:
                 return None
-            kind = pipe_kind(problem, ctx.recompute, ctx.mbs, pipe)
+            kind = pipe_group(problem, ctx.recompute, ctx.mbs, pipe)
             if not kind.lo <= m <= kind.hi:
                 return None
             seen[sig] = kind.time(m) + tmpl.tail_s
@@ -168,21 +171,11 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
 def _signature(problem: Problem, pipe: Pipe) -> tuple:
     cl = problem.cluster
     keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
-    links = tuple(cl.link(a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
+    links = tuple(p2p_link(cl, a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
     return keys, links
 
 
-def _runs(keys: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    out: list[list] = []
-    for k in keys:
-        if out and out[-1][0] == k:
-            out[-1][1] += 1
-        else:
-            out.append([k, 1])
-    return tuple((k, n) for k, n in out)
-
-
-def _result(problem: Problem, strategy: str, cands: list[Candidate], t0: float) -> PlanResult:
+def _result(problem: Problem, strategy: str, cands: list[Draft], t0: float) -> PlanResult:
     best = best_candidate(problem, cands, strategy)
     elapsed = time.perf_counter() - t0
     if best is None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from hetpp.cost.memory import devices_to_hold, model_state_bytes
 from hetpp.planner.problem import Problem
 
 
@@ -39,7 +38,7 @@ def ideal_time_bound(problem: Problem, recompute: bool, mbs: int) -> float:
     fill = float(np.min(per_layer, axis=0).sum())
     pipelines = min(
         problem.cluster.num_devices // least_stages(problem, recompute, mbs),
-        problem.global_batch // mbs,
+        problem.micro_batches(mbs),
     )
     return max(problem.global_batch / rate, fill + (problem.global_batch - pipelines * mbs) / rate)
 
@@ -48,8 +47,6 @@ def least_stages(problem: Problem, recompute: bool, mbs: int) -> int:
     """Fewest devices any pipeline needs: the model's weights, gradients and optimizer state
     over the largest usable device memory (activations would only add)."""
     cm = problem.cost_model(recompute)
-    train = cm.train
-    usable = max(p.gpu.memory_bytes for p in problem.pools.values()) - train.reserve_bytes
-    if usable <= 0:
-        return problem.cluster.num_devices + 1
-    return max(1, math.ceil(cm.model.total_params * train.state_bytes_per_param / usable))
+    largest = max(p.gpu.memory_bytes for p in problem.pools.values())
+    need = devices_to_hold(model_state_bytes(cm.model, cm.train), largest, cm.train)
+    return problem.cluster.num_devices + 1 if need is None else need

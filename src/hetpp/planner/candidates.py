@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
+from hetpp.cost.memory import devices_to_hold, model_state_bytes, usable_bytes
 from hetpp.planner.layout import Layout
 from hetpp.planner.shapes import ShapeContext, TemplateCost
 
@@ -46,19 +46,13 @@ def homogeneous_items(ctx: ShapeContext) -> dict[str, list[TemplateCost]]:
 
 def _least_depth(ctx: ShapeContext, key: str) -> int:
     """Devices of one type that can hold the model states at all (a floor for the depth scan)."""
-    return _devices_for(ctx, key, _states_bytes(ctx))
-
-
-def _states_bytes(ctx: ShapeContext) -> float:
-    """Weights, gradients and optimizer state of the whole model (tied weights once)."""
-    return ctx.cm.model.total_params * ctx.cm.train.state_bytes_per_param
+    return _devices_for(ctx, key, model_state_bytes(ctx.cm.model, ctx.cm.train))
 
 
 def _devices_for(ctx: ShapeContext, key: str, nbytes: float) -> int:
-    usable = ctx.tables(key).capacity - ctx.cm.train.reserve_bytes
-    if usable <= 0:
-        return ctx.num_layers + 1
-    return max(1, math.ceil(nbytes / usable))
+    """Devices of one type that hold `nbytes` of model state (more than the layers if none)."""
+    need = devices_to_hold(nbytes, ctx.tables(key).capacity, ctx.cm.train)
+    return ctx.num_layers + 1 if need is None else need
 
 
 def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[TemplateCost]:
@@ -75,10 +69,11 @@ def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> 
         if pools[rich].gpu.memory_bytes == pools[poor].gpu.memory_bytes and rich > poor:
             continue
         least_rich = items[rich][0].num_stages if items[rich] else pools[rich].count
+        states = model_state_bytes(ctx.cm.model, ctx.cm.train)
         for a in range(1, min(pools[rich].count, MIXED_RICH_MAX, least_rich) + 1):
             found = 0
-            usable_rich = ctx.tables(rich).capacity - ctx.cm.train.reserve_bytes
-            floor = _devices_for(ctx, poor, _states_bytes(ctx) - a * usable_rich)
+            usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
+            floor = _devices_for(ctx, poor, states - a * usable_rich)
             for c in range(floor, min(pools[poor].count, ctx.num_layers - a) + 1):
                 comp = [0] * len(ctx.keys)
                 comp[idx[rich]], comp[idx[poor]] = a, c
@@ -138,13 +133,14 @@ def proportional_templates(ctx: ShapeContext) -> list[TemplateCost]:
     """Shapes taking N_t // P devices of every type for some pipeline count P (the shapes of
     the layer-balanced baseline), so that hpp can take k of them and balance the rest."""
     out, seen = [], set()
-    usable = {k: ctx.tables(k).capacity - ctx.cm.train.reserve_bytes for k in ctx.keys}
+    states = model_state_bytes(ctx.cm.model, ctx.cm.train)
+    usable = {k: usable_bytes(ctx.tables(k).capacity, ctx.cm.train) for k in ctx.keys}
     for p in range(1, max(ctx.counts) + 1):
         comp = tuple(n // p for n in ctx.counts)
         if comp in seen or sum(1 for c in comp if c) < 2 or sum(comp) > ctx.num_layers:
             continue
         seen.add(comp)
-        if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < _states_bytes(ctx):
+        if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < states:
             continue
         out += ctx.orders(comp)
     return out
@@ -185,7 +181,7 @@ def mixed_options(
     rate = np.array([r for r, _ in per_type])
     loss = np.array([p for _, p in per_type])
     counts = np.array(ctx.counts, dtype=float)
-    out = [(float(_lb(total, (counts * rate)[None], (counts * loss)[None])[0]), [])]
+    out = [(float(_capacity_bound(total, (counts * rate)[None], (counts * loss)[None])[0]), [])]
     for t in mixed:
         comp = np.zeros(len(keys))
         for k, n in t.runs:
@@ -199,13 +195,13 @@ def mixed_options(
         left = counts[None, :] - ks * comp[None, :]
         rates = np.hstack([left * rate, ks / t.beat_s])
         losses = np.hstack([left * loss, ks * (t.fill_s - t.beat_s) / t.beat_s])
-        lbs = _lb(total, rates, losses)
+        lbs = _capacity_bound(total, rates, losses)
         out += [(float(lb), [(t, int(k))]) for lb, k in zip(lbs, ks[:, 0])]
     out.sort(key=lambda x: x[0])
     return out
 
 
-def _lb(total: int, rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
+def _capacity_bound(total: int, rate: np.ndarray, loss: np.ndarray) -> np.ndarray:
     """Per row, the T where sum over groups of max(0, rate T - loss) reaches `total`: the
     capacity bound is piecewise linear and increasing, so walk its breakpoints in order."""
     bp = np.where(rate > 0, loss / np.maximum(rate, 1e-300), np.inf)

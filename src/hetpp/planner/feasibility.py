@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hetpp.cost.memory import model_state_bytes, usable_bytes
 from hetpp.planner.bounds import least_stages
 from hetpp.planner.partition import stage_tables
 from hetpp.planner.problem import Problem
@@ -37,9 +38,9 @@ def explain_infeasible(problem: Problem, note: str = "") -> str:
             f"{train.reserve_gb:g} GB reserve); the largest device, {biggest.gpu.name}, has "
             f"{biggest.gpu.memory_bytes / GB:.0f} GB"
         )
-    states = cm.model.total_params * train.state_bytes_per_param
+    states = model_state_bytes(cm.model, train)
     usable = sum(
-        max(0.0, p.gpu.memory_bytes - train.reserve_bytes) * p.count for p in problem.pools.values()
+        max(0.0, usable_bytes(p.gpu.memory_bytes, train)) * p.count for p in problem.pools.values()
     )
     if states > usable:
         return (
@@ -50,12 +51,14 @@ def explain_infeasible(problem: Problem, note: str = "") -> str:
         )
     depth = least_stages(problem, recompute, mbs)
     per_device = states / depth / GB
-    if problem.schedule == "1f1b" and b // mbs < depth:
+    least = problem.schedule_spec.min_micro_batches(depth)
+    if b // mbs < least:
         return (
             f"global batch {b} is too small: {name} needs at least {depth} pipeline stages "
             f"({per_device:.0f} GB of model state per device on the largest device, "
-            f"{biggest.gpu.name}, {biggest.gpu.memory_bytes / GB:.0f} GB) and 1F1B needs at least "
-            f"as many micro-batches as stages; use a global batch of at least {depth * mbs}"
+            f"{biggest.gpu.name}, {biggest.gpu.memory_bytes / GB:.0f} GB) and {problem.schedule} "
+            f"needs at least {least} micro-batches for them; use a global batch of at least "
+            f"{least * mbs}"
         )
     return (
         f"no split of {name} fits at {setting}: it needs at least {depth} devices of the "

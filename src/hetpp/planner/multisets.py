@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hetpp.cost.comm import allreduce_time_s, fastest_link
+from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.balance import balanced_times
-from hetpp.planner.shapes import ShapeContext, TemplateCost, template_arrays
-from hetpp.specs.cluster import Link
+from hetpp.planner.shapes import ShapeContext, TemplateCost, run_lengths, template_arrays
 
 Multiset = tuple[tuple[int, int], ...]
 """((template index, copies), ...)."""
@@ -57,22 +58,12 @@ def multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> list[Mul
         fits = np.flatnonzero((arr[start:] <= left).all(axis=1)) + start
         for i in fits:
             chosen.append(int(i))
-            out.append(_group(chosen))
+            out.append(run_lengths(chosen))
             walk(int(i), left - arr[i], chosen)
             chosen.pop()
 
     walk(0, np.array(counts), [])
     return out
-
-
-def _group(chosen: list[int]) -> Multiset:
-    out: list[list[int]] = []
-    for i in chosen:
-        if out and out[-1][0] == i:
-            out[-1][1] += 1
-        else:
-            out.append([i, 1])
-    return tuple((i, k) for i, k in out)
 
 
 def composition(ctx: ShapeContext, t: TemplateCost) -> tuple[int, ...]:
@@ -91,42 +82,32 @@ def lower_bounds(ctx: ShapeContext, templates: list[TemplateCost], sets: list[Mu
         for j, (i, k) in enumerate(s):
             idx[r, j], cnt[r, j] = i, k
     a = template_arrays(templates)
-    total = ctx.problem.global_batch // ctx.mbs
+    total = ctx.problem.micro_batches(ctx.mbs)
     t = balanced_times(a["fill"][idx], a["beat"][idx], a["lo"][idx], a["hi"][idx], cnt, total)
     opt_all, opt_first, grads_first = (
-        np.array(x) for x in zip(*(_after(ctx, x) for x in templates))
+        np.array(x) for x in zip(*(_optimizer_and_first_sync(ctx, x) for x in templates))
     )
     used = cnt > 0
     own_opt = np.where(used, opt_all[idx], np.inf).min(axis=1)
     # Stage 0 of the slowest pipeline is done when that pipeline ends (>= t); then it
     # all-reduces all its gradients, bucket after bucket, each over one owner per pipeline.
     p = cnt.sum(axis=1, keepdims=True)
-    link = _fastest_link(ctx)
     nbytes = grads_first[idx] * ctx.cm.train.grad_bytes_per_param
-    ring = 2 * (p - 1) / p * nbytes / link.bw_bytes_per_s + 2 * (p - 1) * link.latency_s
+    ring = allreduce_time_s(nbytes, p, fastest_link(ctx.problem.cluster))
     sync = np.where(used, ring + opt_first[idx], np.inf).min(axis=1)
     return t + np.where(p[:, 0] > 1, np.maximum(own_opt, sync), own_opt)
 
 
-def _after(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
+def _optimizer_and_first_sync(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
     """(largest optimizer step of a stage, that of stage 0, gradients stage 0 all-reduces)."""
-    train = ctx.cm.train
     opts = [
-        2
-        * ctx.params_between(a, b)
-        * train.state_bytes_per_param
-        / ctx.problem.pools[k].gpu.mem_bw_bytes_per_s
+        optimizer_step_s(
+            state_bytes(ctx.params.stored(a, b), ctx.cm.train),
+            ctx.problem.pools[k].gpu.mem_bw_bytes_per_s,
+        )
         for k, (a, b) in zip(t.stage_keys, itertools.pairwise(t.bounds))
     ]
-    return max(opts), opts[0], ctx.grads_between(0, t.bounds[1])
-
-
-def _fastest_link(ctx: ShapeContext) -> Link:
-    cl = ctx.problem.cluster
-    bw = max(
-        [p.intra_bw_bytes_per_s for p in ctx.problem.pools.values()] + [cl.inter_node_GBps * 1e9]
-    )
-    return Link(bw, min(cl.intra_node_latency_us, cl.inter_node_latency_us) * 1e-6)
+    return max(opts), opts[0], ctx.params.synced(0, t.bounds[1])
 
 
 def branch_and_bound(

@@ -15,6 +15,7 @@ import numpy as np
 
 from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.memory import stage_memory_parts
+from hetpp.specs.schedule import ScheduleSpec
 
 # Planner-side slack on memory so that float rounding never makes a split the planner accepts
 # fail the cost model's own check (1 MB, far below any real headroom).
@@ -73,12 +74,11 @@ def stage_tables(cm: CostModel, costs: LayerCosts) -> StageTables:
     )
 
 
-def in_flight_per_stage(schedule: str, num_stages: int) -> list[int]:
-    """Micro-batches each stage must hold to run at all: 1F1B warms up S - s of them (the plan
-    needs m >= S); GPipe holds all m, so splits are made for one and m is capped afterwards."""
-    if schedule == "gpipe":
-        return [1] * num_stages
-    return [num_stages - s for s in range(num_stages)]
+def in_flight_per_stage(schedule: ScheduleSpec, num_stages: int) -> list[int]:
+    """Micro-batches each stage holds at the fewest micro-batches the schedule allows: splits
+    are made for those (1F1B: S - s, whatever m; GPipe: one, and memory caps m afterwards)."""
+    m = schedule.min_micro_batches(num_stages)
+    return [schedule.in_flight(s, num_stages, m) for s in range(num_stages)]
 
 
 def balance_stages(

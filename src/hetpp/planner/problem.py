@@ -12,6 +12,7 @@ from hetpp.specs.catalog import GpuType
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.train import TrainSpec
 
 RecomputeMode = Literal["auto", "on", "off"]
@@ -72,6 +73,11 @@ class Problem:
     def schedule(self) -> str:
         return self.train.schedule
 
+    @property
+    def schedule_spec(self) -> ScheduleSpec:
+        """The schedule's registry entry."""
+        return SCHEDULES[self.train.schedule]
+
     def cost_model(self, recompute: bool) -> CostModel:
         """The cost model for one recomputation setting (built once)."""
         if recompute not in self._cms:
@@ -81,6 +87,10 @@ class Problem:
 
     def recompute_options(self) -> list[bool]:
         return {"off": [False], "on": [True], "auto": [False, True]}[self.recompute_mode]
+
+    def micro_batches(self, mbs: int) -> int:
+        """Micro-batches of size `mbs` in the global batch (what data balance shares out)."""
+        return self.global_batch // mbs
 
     def batch_sizes(self) -> list[int]:
         """Micro-batch sizes that divide the global batch (every pipeline's share is a multiple)."""

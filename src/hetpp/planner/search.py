@@ -1,6 +1,6 @@
 """HPP search: pipelines of different shapes, a balanced split in each, a batch share per pipeline.
 
-Hierarchy (DESIGN.md, "Planner"):
+Hierarchy (docs/architecture.md, "Planner"):
 1. Stage balance (`partition`): a template's split, evaluated once per shape (`shapes`).
 2. Pipeline shapes: which templates, how many of each (`layout`), on which devices (`placement`).
    - Small clusters (few device-count vectors): exact. A dynamic program over device-count
@@ -81,7 +81,7 @@ def search_hpp(problem: Problem, progress: Progress | None = None) -> PlanResult
         if ideal_time_bound(problem, rc, mbs) >= inc.bound:
             continue
         ctx = ws.context(rc, mbs)
-        if _small(ctx):
+        if _exact_search_fits(ctx):
             _search_exact(ctx, inc)
         else:
             screened.append((_search_decomposed(ctx, inc, mixed=None), ctx))
@@ -113,11 +113,11 @@ def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
     of GPU types, solve, then peel: forbid templates with the largest tail used and solve again
     (each answer is optimal for every tail cap down to its own largest tail), until the compute
     time alone reaches the best full cost found (a lower bound: nothing further can win)."""
-    total = ctx.problem.global_batch // ctx.mbs
+    total = ctx.problem.micro_batches(ctx.mbs)
     templates = _all_templates(ctx)
     if not templates:
         return
-    dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule == "1f1b")
+    dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
     tails = np.array([t.tail_s for _, t in templates])
     comps = np.array([c for c, _ in templates]) > 0
     subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
@@ -143,8 +143,8 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
     off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
     homogeneous layouts too. The best few by estimate get the full cost; returns the best
     estimate."""
-    total = ctx.problem.global_batch // ctx.mbs
-    budget = ctx.problem.schedule == "1f1b"
+    total = ctx.problem.micro_batches(ctx.mbs)
+    budget = ctx.problem.schedule_spec.devices_within_batch
     items = homogeneous_items(ctx)
     templates: list[TemplateCost] = []
     if mixed == "proportional":
@@ -184,7 +184,7 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
     return found[0][0] if found else math.inf
 
 
-def _small(ctx: ShapeContext) -> bool:
+def _exact_search_fits(ctx: ShapeContext) -> bool:
     """Few enough device-count vectors (and so templates) to search exactly."""
     if math.prod(n + 1 for n in ctx.counts) > EXACT_STATES:
         return False

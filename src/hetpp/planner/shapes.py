@@ -9,14 +9,17 @@ node), which makes every template cost a lower bound on any placed copy of it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s, p2p_time_s
-from hetpp.cost.memory import stage_params
-from hetpp.cost.pipeline import beat_s
+from hetpp.cost.comm import allreduce_time_s, hop_link, ring_link
+from hetpp.cost.params import ParamSums
+from hetpp.cost.pipeline import backward_done_s, fill_and_beat, stage_times, steady_time_s
+from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.partition import (
     StageTables,
     balance_stages,
@@ -50,7 +53,8 @@ class TemplateCost:
     lo: int
     """Fewest micro-batches the schedule allows (1F1B: S)."""
     hi: int
-    """Most micro-batches memory allows (GPipe keeps all in flight; 1F1B: unbounded)."""
+    """Most micro-batches memory allows (unbounded where in-flight micro-batches are, as in
+    1F1B; GPipe keeps all in flight)."""
     tail_s: float
     """Estimated gradient sync that sticks out past the pipeline, plus the optimizer step."""
 
@@ -64,17 +68,17 @@ class TemplateCost:
 
     def time(self, m: int) -> float:
         """Closed-form pipeline time for m micro-batches (best links, no sync)."""
-        return self.fill_s + (m - 1) * self.beat_s
+        return steady_time_s(self.fill_s, self.beat_s, m)
 
 
 UNBOUNDED = 1 << 40
 
+T = TypeVar("T")
 
-def closed_form(fwd, bwd, comm, schedule: str) -> tuple[float, float]:
-    """(fill, beat) of the cost model's pipeline time `pipeline_time_s = fill + (m - 1) * beat`
-    (one traversal of all stages and links each way, then one beat per further micro-batch).
-    A unit test holds this to `pipeline_time_s` for any m."""
-    return sum(fwd) + sum(bwd) + 2 * sum(comm), beat_s(fwd, bwd, comm, schedule)
+
+def run_lengths(items: Iterable[T]) -> tuple[tuple[T, int], ...]:
+    """Consecutive equal items as (item, how many): GPU types in stage order become `Runs`."""
+    return tuple((k, len(list(g))) for k, g in itertools.groupby(items))
 
 
 class ShapeContext:
@@ -87,6 +91,7 @@ class ShapeContext:
         self.cm = problem.cost_model(recompute)
         self.keys = problem.type_keys
         self.counts = tuple(problem.pools[k].count for k in self.keys)
+        self.params = ParamSums(self.cm.model)
         self._tables: dict[str, StageTables] = {}
         self._templates: dict[tuple[Runs, tuple[int, ...]], TemplateCost | None] = {}
         self._orders: dict[tuple[tuple[int, ...], bool], list[TemplateCost]] = {}
@@ -148,7 +153,8 @@ class ShapeContext:
         if len(keys) > self.num_layers:
             return None
         tables = [self.tables(k) for k in keys]
-        if not bounds_fit(tables, in_flight_per_stage(self.problem.schedule, len(keys)), bounds):
+        flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))
+        if not bounds_fit(tables, flight, bounds):
             return None
         return self._cost(runs, keys, tables, bounds)
 
@@ -157,85 +163,57 @@ class ShapeContext:
         if len(keys) > self.num_layers or len(forced) >= len(keys):
             return None
         tables = [self.tables(k) for k in keys]
-        schedule = self.problem.schedule
-        flight = in_flight_per_stage(schedule, len(keys))
+        flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))
         bounds = balance_stages(tables, flight, forced)
         if bounds is None:
             return None
         return self._cost(runs, keys, tables, bounds)
 
     def _cost(self, runs: Runs, keys, tables, bounds) -> TemplateCost:
-        fwd = tuple(t.costs.fwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-        bwd = tuple(t.costs.bwd(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-        links = self.best_links(runs)
-        comm = tuple(
-            p2p_time_s(t.costs.send_bytes[b - 1], link)
-            for t, b, link in zip(tables, bounds[1:], links)
-        )
-        fill, beat = closed_form(fwd, bwd, comm, self.problem.schedule)
-        if self.problem.schedule == "gpipe":
+        times = stage_times([t.costs for t in tables], bounds, self.best_links(runs))
+        fwd, bwd, comm = (tuple(x) for x in times)
+        fill, beat = fill_and_beat(fwd, bwd, comm, self.problem.schedule)
+        spec = self.problem.schedule_spec
+        lo = spec.min_micro_batches(len(keys))
+        hi = UNBOUNDED
+        if not spec.bounded_in_flight:  # every micro-batch in flight: memory caps m
             hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-            lo = 1
-        else:
-            hi, lo = UNBOUNDED, len(keys)
         tail = self._tail(keys, bounds, bwd, comm)
         return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail)
 
     def best_links(self, runs: Runs) -> list[Link]:
         """Links between consecutive stages when each run is packed into whole nodes."""
         cl = self.problem.cluster
-        inter = Link(cl.inter_node_GBps * 1e9, cl.inter_node_latency_us * 1e-6)
         out = []
         for r, (key, n) in enumerate(runs):
             pool = self.problem.pools[key]
-            intra = Link(pool.intra_bw_bytes_per_s, cl.intra_node_latency_us * 1e-6)
-            out += [inter if (j + 1) % pool.gpus_per_node == 0 else intra for j in range(n - 1)]
+            out += [
+                hop_link(cl, (j + 1) % pool.gpus_per_node != 0, pool.intra_bw_bytes_per_s)
+                for j in range(n - 1)
+            ]
             if r < len(runs) - 1:
-                out.append(inter)
+                out.append(hop_link(cl, False, pool.intra_bw_bytes_per_s))
         return out
-
-    @cached_property
-    def _stored_cum(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([x.stored_params for x in self.cm.model.layers])])
-
-    @cached_property
-    def _own_cum(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([x.params for x in self.cm.model.layers])])
-
-    def params_between(self, a: int, b: int) -> float:
-        """Parameters a stage holding [a, b) stores (what its optimizer updates); prefix sums,
-        the whole model through `stage_params` for its tied-weights rule."""
-        if (a, b) == (0, self.num_layers):
-            return stage_params(self.cm.model, a, b)
-        return float(self._stored_cum[b] - self._stored_cum[a])
-
-    def grads_between(self, a: int, b: int) -> float:
-        """Parameters of [a, b) whose gradients the block all-reduce sums (a tied head's copy
-        goes through its own bucket)."""
-        return float(self._own_cum[b] - self._own_cum[a])
 
     def _tail(self, keys, bounds, bwd, comm) -> float:
         """Exposed sync + optimizer estimate: each stage all-reduces its gradients with its
         peers in the other pipelines once it is done; stage s is done earlier than the pipeline
         end by the backward and transfer times of the stages before it."""
-        train, cl = self.cm.train, self.problem.cluster
-        replicas = cl.num_devices // len(keys)
-        # As `Cluster.group_link`: a group spanning nodes runs at the slower of the network
-        # and its nodes' own fabric.
-        intra = min(self.problem.pools[k].intra_bw_bytes_per_s for k in keys)
-        if self.problem.num_nodes > 1:
-            bw = min(cl.inter_node_GBps * 1e9, intra)
-            link = Link(bw, cl.inter_node_latency_us * 1e-6)
-        else:
-            link = Link(intra, cl.intra_node_latency_us * 1e-6)
-        exposed, opt, ahead = 0.0, 0.0, 0.0
+        train, pools = self.cm.train, self.problem.pools
+        replicas = self.problem.cluster.num_devices // len(keys)
+        link = ring_link(
+            self.problem.cluster,
+            (pools[k].intra_bw_bytes_per_s for k in keys),
+            self.problem.num_nodes > 1,
+        )
+        exposed, opt = 0.0, 0.0
+        done = backward_done_s(bwd, comm, 0.0)  # before the pipeline's end (0)
         for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-            grads = self.grads_between(a, b) * train.grad_bytes_per_param
+            grads = self.params.synced(a, b) * train.grad_bytes_per_param
             sync = allreduce_time_s(grads, replicas, link)
-            bw = self.problem.pools[keys[s]].gpu.mem_bw_bytes_per_s
-            opt = max(opt, 2 * self.params_between(a, b) * train.state_bytes_per_param / bw)
-            exposed = max(exposed, sync - ahead)
-            ahead += bwd[s] + (comm[s] if s < len(comm) else 0.0)
+            bw = pools[keys[s]].gpu.mem_bw_bytes_per_s
+            opt = max(opt, optimizer_step_s(state_bytes(self.params.stored(a, b), train), bw))
+            exposed = max(exposed, sync + done[s])
         return exposed + opt
 
 

@@ -44,7 +44,7 @@ class TrainOptions:
 
     Meant for a few steps: AdamW's normalised update turns rounding differences in near-zero
     gradient entries into lr-sized ones, so over tens of steps the two runs drift apart (measured:
-    float64, lr 3e-3, 1e-14 after 10 steps, 5e-9 after 30; SGD stays at rounding level)."""
+    docs/benchmarks-runtime-choices.md; SGD stays at rounding level)."""
     verify_tol: float | None = None
     """Largest allowed difference for --verify; default 1e-5 (float32) or 1e-10 (float64)."""
     checkpoint_dir: str | None = None

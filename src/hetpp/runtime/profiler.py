@@ -7,11 +7,8 @@ events on a GPU and `perf_counter` on the CPU. Kept bytes are the unique storage
 
 `cold=True` evicts the caches before every timed call (by writing a buffer larger than them). That
 is the condition a rank meets under CPU emulation: between two of its calls it sleeps while other
-ranks run, and they evict its weights and activations. Measured on the 2-core box hetpp was built
-on (gpt-demo, seq 128, one thread): a cold block is 15-23% slower than a hot one at micro-batch 1,
-6-8% at 2 and about as fast at 4; the head 35-150% slower, the embedding (0.1 ms hot) 3-5x. In
-emulated runs the ranks' compute matched a cold profile within 6% (13 of 14 ranks) and exceeded a
-hot one by 6-25%.
+ranks run, and they evict its weights and activations (how much that matters, measured:
+docs/benchmarks-runtime-choices.md).
 """
 
 from __future__ import annotations

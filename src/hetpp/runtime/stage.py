@@ -8,7 +8,7 @@ began, so the micro-batch takes `factor x` its compute time, as it would on a de
 slower. `compute` is the calling thread's CPU time (one intra-op thread per rank, as the launcher
 sets on a shared CPU), so time the rank spends descheduled while other processes run is not part
 of the emulated device's time (sleeping `compute * (factor - 1)` after the call, as first built,
-added it on top: on a busy 2-core box calls took 1.3-2.8x their CPU time before the sleep).
+added it on top; measured: docs/benchmarks-runtime-choices.md).
 Sleeping (not spinning) leaves the CPU to the other ranks of the box. It is a test and demo
 harness, not a model of a GPU.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import batch, make_source, pipeline_slices
@@ -30,6 +30,7 @@ from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
+from hetpp.specs.schedule import SCHEDULES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +182,7 @@ class RankTrainer:
             before_last_backward=self.sync.arm,
         )
         tokens = plan.global_batch * plan.seq_len
-        self.schedule = (Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe)(
+        self.schedule = getattr(pipelining, SCHEDULES[plan.schedule].torch_class)(
             self.pstage,
             self.pipe.num_micro_batches,
             loss_fn=lambda out, tgt: token_loss_sum(out, tgt) / tokens,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s
+from hetpp.cost.comm import allreduce_time_s, group_link
 from hetpp.cost.compute import CostModel
 from hetpp.cost.step import StageCost, optimizer_time_s, stage_costs, sync_buckets
 from hetpp.sim.engine import Collective, RankProgram, run
@@ -74,7 +74,7 @@ def plan_programs(
     for c, bucket in enumerate(sync_buckets(plan, cm, stages)):
         members = tuple(rank_of[d] for d in bucket.owners)
         dur = allreduce_time_s(
-            bucket.bytes, len(set(bucket.owners)), cm.cluster.group_link(bucket.owners)
+            bucket.bytes, len(set(bucket.owners)), group_link(cm.cluster, bucket.owners)
         )
         collectives.append(Collective(members, dur))
         for r in members:

@@ -1,8 +1,7 @@
 """Pipeline schedules as plain data: per-rank lists of small actions that print as "2F0", "1B3".
 
-The order follows torch.distributed.pipelining: `ScheduleGPipe` runs every forward, then every
-backward (micro-batch 0 first); `Schedule1F1B` warms stage s up with `S - s - 1` forwards, then
-alternates one forward and one backward, then drains the remaining backwards. Each forward is
+The compute order of each stage is its schedule's entry in `hetpp.specs.schedule.SCHEDULES`
+(the order torch.distributed.pipelining runs; a torch-side test checks it). Each forward is
 preceded by the receive of its input (except on the first stage) and followed by the send of its
 output (except on the last stage); backwards mirror that in the other direction. After its last
 backward a rank joins the gradient all-reduces of the buckets it owns, in the global bucket order
@@ -13,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
+
+from hetpp.specs.schedule import SCHEDULES
 
 ActionKind = Literal["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "SYNC", "OPT"]
 
@@ -48,33 +49,6 @@ def _backward(stage: int, num_stages: int, k: int) -> list[Action]:
     return out
 
 
-def gpipe_actions(stage: int, num_stages: int, num_micro_batches: int) -> list[Action]:
-    """ScheduleGPipe: all forwards, then all backwards in micro-batch order."""
-    out: list[Action] = []
-    for k in range(num_micro_batches):
-        out += _forward(stage, num_stages, k)
-    for k in range(num_micro_batches):
-        out += _backward(stage, num_stages, k)
-    return out
-
-
-def one_f_one_b_actions(stage: int, num_stages: int, num_micro_batches: int) -> list[Action]:
-    """Schedule1F1B: `S - s - 1` warm-up forwards, then 1F/1B pairs, then the cool-down backwards.
-
-    Stage s therefore holds at most `min(m, S - s)` micro-batches' activations at once."""
-    m = num_micro_batches
-    warmup = min(m, num_stages - stage - 1)
-    out: list[Action] = []
-    for k in range(warmup):
-        out += _forward(stage, num_stages, k)
-    for i in range(m - warmup):
-        out += _forward(stage, num_stages, warmup + i)
-        out += _backward(stage, num_stages, i)
-    for i in range(m - warmup, m):
-        out += _backward(stage, num_stages, i)
-    return out
-
-
 def stage_actions(
     schedule: str,
     stage: int,
@@ -83,14 +57,15 @@ def stage_actions(
     buckets: Sequence[int] = (),
     optimizer: bool = True,
 ) -> list[Action]:
-    """The whole program of one rank: its pipeline schedule, then a SYNC per bucket it owns (in
-    the order given), then the optimizer step."""
-    if schedule == "gpipe":
-        out = gpipe_actions(stage, num_stages, num_micro_batches)
-    elif schedule == "1f1b":
-        out = one_f_one_b_actions(stage, num_stages, num_micro_batches)
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}; expected 1f1b or gpipe")
+    """The whole program of one rank: its pipeline schedule (the registry entry's order, each
+    step with its transfers), then a SYNC per bucket it owns (in the order given), then the
+    optimizer step."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    out: list[Action] = []
+    for kind, k in SCHEDULES[schedule].order(stage, num_stages, num_micro_batches):
+        step = _forward if kind == "F" else _backward
+        out += step(stage, num_stages, k)
     out += [Action(stage, "SYNC", b) for b in buckets]
     if optimizer:
         out.append(Action(stage, "OPT"))

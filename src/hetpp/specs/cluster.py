@@ -101,24 +101,6 @@ class Cluster(BaseModel):
     def gpu(self, device: int) -> GpuType:
         return self.devices[device].gpu
 
-    def link(self, a: int, b: int) -> Link:
-        """The link between two devices: the node's fabric if they share one, else the network."""
-        da, db = self.devices[a], self.devices[b]
-        if da.node == db.node:
-            return Link(
-                self.nodes[da.group].intra_node_GBps * 1e9, self.intra_node_latency_us * 1e-6
-            )
-        return Link(self.inter_node_GBps * 1e9, self.inter_node_latency_us * 1e-6)
-
-    def group_link(self, devices: list[int] | tuple[int, ...]) -> Link:
-        """Slowest link a ring over `devices` uses (bandwidth-bound collectives see this one)."""
-        nodes = {self.devices[d].node for d in devices}
-        if len(nodes) > 1:
-            intra = min(self.nodes[self.devices[d].group].intra_node_GBps for d in devices)
-            bw = min(self.inter_node_GBps, intra) * 1e9
-            return Link(bw, self.inter_node_latency_us * 1e-6)
-        return self.link(devices[0], devices[-1])
-
 
 def load_cluster(path: str | Path) -> Cluster:
     """Read a cluster YAML file; raises SpecError naming the file and field."""

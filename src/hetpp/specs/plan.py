@@ -12,7 +12,8 @@ from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
 from hetpp.specs.model import ModelConfig
-from hetpp.specs.train import Schedule, TrainSpec
+from hetpp.specs.schedule import SCHEDULES, Schedule
+from hetpp.specs.train import TrainSpec
 
 PLAN_VERSION = 2
 """2: the TrainSpec is embedded under `train`. Version 1 files (its fields at the top level) are
@@ -229,10 +230,13 @@ def _check_pipeline(
             f"(the model's {plan.model.num_layers} blocks + embedding + head)",
             field=f"{where}.stages",
         )
-    if plan.schedule == "1f1b" and pipe.num_micro_batches < len(pipe.stages):
+    spec = SCHEDULES[plan.schedule]
+    least = spec.min_micro_batches(len(pipe.stages))
+    if pipe.num_micro_batches < least:
+        per = spec.micro_batches_per_stage
         raise SpecError(
-            f"1F1B needs num_micro_batches >= stages "
-            f"({pipe.num_micro_batches} < {len(pipe.stages)})",
+            f"{spec.name.upper()} needs num_micro_batches >= "
+            f"{'stages' if per == 1 else f'{per} x stages'} ({pipe.num_micro_batches} < {least})",
             field=f"{where}.num_micro_batches",
         )
 

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveInt, model_validator
 
-Schedule = Literal["1f1b", "gpipe"]
+from hetpp.specs.schedule import Schedule
+
 Precision = Literal["bf16", "fp16", "fp32"]
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -33,7 +34,8 @@ class TrainSpec(BaseModel):
     recompute: bool = False
     """Full activation recomputation: keep only each layer's input, redo forward in backward."""
     schedule: Schedule = "1f1b"
-    """Pipeline schedule: 1F1B (bounded in-flight micro-batches) or GPipe (all in flight)."""
+    """Pipeline schedule, a name in `hetpp.specs.schedule.SCHEDULES`: 1F1B (bounded in-flight
+    micro-batches) or GPipe (all in flight)."""
     reserve_gb: NonNegativeFloat = 2.0
     """Memory held back on every device for the CUDA context, allocator slack and workspaces."""
 

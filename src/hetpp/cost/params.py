@@ -1,0 +1,54 @@
+"""Which parameters a stage stores and which gradients it sums: the tied-weight rule.
+
+A model whose head reuses the embedding matrix (`stored_params > params` on the last layer)
+keeps a copy of that matrix wherever the head lives. The copy is stored and stepped like any
+weight, but its gradient is summed through its own bucket (the block buckets carry `params`),
+and a stage holding both ends of the model keeps one tensor for both."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from hetpp.specs.model import ModelSpec
+
+
+def tied_copy_params(model: ModelSpec) -> int:
+    """Parameters of the head's copy of the embedding matrix (0 when untied)."""
+    last = model.layers[-1]
+    return last.stored_params - last.params
+
+
+def stage_params(model: ModelSpec, start: int, end: int) -> int:
+    """Parameters stored by a stage holding layers [start, end)."""
+    total = sum(x.stored_params for x in model.layers[start:end])
+    if start == 0 and end == len(model.layers):
+        total -= tied_copy_params(model)
+    return total
+
+
+class ParamSums:
+    """`stage_params` and the block-gradient parameters of any layer range, from prefix sums
+    (for planners that try many ranges)."""
+
+    def __init__(self, model: ModelSpec):
+        self.model = model
+
+    @cached_property
+    def _stored_cum(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([x.stored_params for x in self.model.layers])])
+
+    @cached_property
+    def _own_cum(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([x.params for x in self.model.layers])])
+
+    def stored(self, a: int, b: int) -> float:
+        """Parameters a stage holding [a, b) stores (what its optimizer steps)."""
+        if (a, b) == (0, len(self.model.layers)):
+            return stage_params(self.model, a, b)
+        return float(self._stored_cum[b] - self._stored_cum[a])
+
+    def synced(self, a: int, b: int) -> float:
+        """Parameters of [a, b) whose gradients the block all-reduce sums."""
+        return float(self._own_cum[b] - self._own_cum[a])

@@ -1,0 +1,53 @@
+"""Block-wise gradient sync after backward, and when each rank is done with the step.
+
+One timing rule, asked at two levels: `hetpp.cost.step` runs it over a plan's devices, the
+planner's `layout_tail` over (template, stage) groups of a layout it has not placed yet. Owners
+are any hashable keys; finish times are any common clock (the planner counts back from the
+pipelines' end, so its times are negative)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+from hetpp.specs.train import TrainSpec
+
+K = TypeVar("K", bound=Hashable)
+
+
+def run_buckets(
+    buckets: Sequence[tuple[Sequence[K], float]], done: Mapping[K, float]
+) -> tuple[list[tuple[float, float, float]], dict[K, float]]:
+    """Time all-reduces in the order given. Each `(owners, seconds)` is ready when all its
+    owners have finished backward (`done`) and starts once they are also free of the earlier
+    ones (one collective at a time per owner, the same order everywhere: no deadlock).
+
+    Returns each bucket's (ready, start, end) and when every owner is free after the last."""
+    free = dict(done)
+    out = []
+    for owners, seconds in buckets:
+        ready = max(done[o] for o in owners)
+        start = max(ready, *(free[o] for o in owners))
+        end = start + seconds
+        for o in owners:
+            free[o] = end
+        out.append((ready, start, end))
+    return out, free
+
+
+def optimizer_step_s(state_bytes: float, mem_bw_bytes_per_s: float) -> float:
+    """The optimizer reads and writes every state byte once: memory-bound."""
+    return 2 * state_bytes / mem_bw_bytes_per_s
+
+
+def state_bytes(num_params: float, train: TrainSpec) -> float:
+    """Weights, gradients and optimizer state of `num_params` parameters."""
+    return num_params * train.state_bytes_per_param
+
+
+def step_end_s(
+    free: Mapping[K, float], pipeline_end: Mapping[K, float], optimizer_s: Mapping[K, float]
+) -> float:
+    """When the step ends: every rank, once its pipeline has ended and its buckets are done,
+    steps its optimizer."""
+    return max(max(free[k], pipeline_end[k]) + optimizer_s[k] for k in free)

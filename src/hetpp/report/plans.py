@@ -1,0 +1,106 @@
+"""Plans for people: one plan's pipelines and stages, and strategies side by side."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from hetpp.planner import Problem, unused_devices
+from hetpp.planner.assemble import PlanResult
+
+
+def plan_table(problem: Problem, result: PlanResult) -> Table:
+    """One plan: pipelines (identical ones on one row group), stages with GPU type, devices and
+    layers, batch shares, memory headroom."""
+    plan, step = result.final_plan(), result.step
+    assert plan is not None and step is not None
+    cl = problem.cluster
+    table = Table(
+        title=f"{plan.strategy} plan: {plan.model.name}, {cl.name}, "
+        f"global batch {plan.global_batch} x {plan.seq_len} tokens",
+        caption="identical pipelines share rows: pipes = how many, batch = each one's share",
+    )
+    for col in ("pipes", "stage", "GPU", "devices", "layers", "mbs x m", "batch", "free mem"):
+        right = col in ("pipes", "stage", "batch", "free mem")
+        table.add_column(col, justify="right" if right else "left", no_wrap=True, min_width=4)
+    costs = {(s.pipeline, s.stage): s for s in step.stages}
+    groups: dict[tuple, list[int]] = {}
+    for p, pipe in enumerate(plan.pipelines):
+        shape = tuple((cl.gpu(st.device).name, st.layers) for st in pipe.stages)
+        groups.setdefault((shape, pipe.micro_batch_size, pipe.num_micro_batches), []).append(p)
+    for (shape, mbs, m), members in groups.items():
+        for s, (gpu, layers) in enumerate(shape):
+            free = min(costs[(p, s)].capacity_bytes - costs[(p, s)].memory.total for p in members)
+            first = s == 0
+            table.add_row(
+                str(len(members)) if first else "",
+                str(s),
+                gpu,
+                _brief(sorted(plan.pipelines[p].stages[s].device for p in members)),
+                f"[{layers[0]}, {layers[1]})",
+                f"{mbs} x {m}" if first else "",
+                str(mbs * m) if first else "",
+                f"{free / 1e9:.1f} GB",
+            )
+        table.add_section()
+    return table
+
+
+def print_plan(problem: Problem, result: PlanResult, console: Console | None = None) -> None:
+    """The plan table, then time, throughput, search time, unused devices and any note."""
+    plan, step = result.final_plan(), result.step
+    assert plan is not None and step is not None
+    console = console or Console()
+    console.print(plan_table(problem, result))
+    unused = unused_devices(problem, plan)
+    console.print(
+        f"iteration {step.iteration_time_s:.3f} s (pipelines {max(step.pipeline_time_s):.3f} s, "
+        f"exposed sync {step.exposed_sync_s:.3f} s, optimizer {step.optimizer_s:.3f} s), "
+        f"throughput {step.throughput_samples_per_s:.2f} samples/s, "
+        f"recompute {'on' if plan.train.recompute else 'off'}, search {result.search_time_s:.2f} s"
+    )
+    if unused:
+        console.print(f"unused devices: {_ranges(unused)}")
+    if result.note:
+        console.print(f"note: {result.note}")
+
+
+def _brief(ids: list[int], width: int = 11) -> str:
+    """Id ranges, or first..last with the count when that would not fit a table cell."""
+    text = _ranges(ids)
+    return text if len(text) <= width else f"{ids[0]}..{ids[-1]}"
+
+
+def _ranges(ids: list[int]) -> str:
+    out, start = [], None
+    for i, d in enumerate(ids):
+        if start is None:
+            start = d
+        if i + 1 == len(ids) or ids[i + 1] != d + 1:
+            out.append(f"{start}" if start == d else f"{start}-{d}")
+            start = None
+    return ", ".join(out)
+
+
+def comparison_table(results: list[PlanResult]) -> Table:
+    """Every strategy's throughput, iteration time, hpp's speed-up over it (hpp gain),
+    pipelines, GPUs used and search time."""
+    hpp = next(r for r in results if r.strategy == "hpp")
+    table = Table(title="planner strategies (same cost model)")
+    for col in ("strategy", "samples/s", "step", "hpp gain", "pipes", "GPUs", "search"):
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
+    for r in results:
+        if not r.feasible or r.plan is None:
+            table.add_row(r.strategy, "-", "-", "-", "-", "-", f"({r.note or 'infeasible'})")
+            continue
+        speedup = hpp.throughput_samples_per_s / r.throughput_samples_per_s if hpp.feasible else 0
+        table.add_row(
+            r.strategy,
+            f"{r.throughput_samples_per_s:.2f}",
+            f"{r.iteration_time_s:.3f} s",
+            f"{speedup:.2f}x" if speedup else "-",
+            str(len(r.plan.pipelines)),
+            str(r.plan.num_devices),
+            f"{r.search_time_s:.2f} s",
+        )
+    return table
