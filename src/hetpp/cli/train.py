@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   hetpp train --plan plan.json --steps 20 --metrics run.jsonl
   hetpp train --plan plan.json --emulate --verify            # CPU box posing as the plan's cluster
   hetpp train --plan plan.json --checkpoint-dir ckpt --resume --steps 100
+  hetpp train --plan plan.json --init-from hf-model/ --checkpoint-dir ckpt   # fine-tune HF weights
 
 several nodes: run on each node (same plan file; rank r plays the plan's r-th device by id)
   torchrun --nnodes 2 --node-rank K --nproc-per-node 4 --master-addr HOST --master-port 29500 \\
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from hetpp.runtime.launch import launch
     from hetpp.specs.plan import load_plan
+    from hetpp.specs.presets import check_folder_model
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
@@ -44,4 +46,6 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
     if opts.data is not None and not Path(opts.data).is_file():
         raise SpecError("file not found", file=opts.data, field="--data")
+    if opts.init_from is not None:
+        check_folder_model(plan.model, opts.init_from)
     return launch(opts, plan.num_devices)

@@ -20,6 +20,7 @@ from hetpp.runtime.model import StageModule
 from hetpp.specs.errors import SpecError
 from hetpp.specs.hf_config import to_hf
 from hetpp.specs.model import ModelConfig
+from hetpp.specs.presets import check_folder_model
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -190,6 +191,7 @@ class HfFolder:
 @torch.no_grad()
 def load_stage(stage: StageModule, folder: str | Path) -> None:
     """Copy the stage's layers (and a tied head's copy of the embedding) from an HF folder."""
+    check_folder_model(stage.config, folder)
     src, c = HfFolder(folder), stage.config
     for i in range(stage.start, stage.end):
         layer = stage.layer(i)

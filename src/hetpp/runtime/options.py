@@ -57,6 +57,10 @@ class TrainOptions:
     """Write one JSON object per step to this file (rank 0)."""
     timeout_s: float = 300.0
     """Collective/P2P timeout: a rank whose peer died or hangs stops after at most this long."""
+    # Models and data (issue 11).
+    init_from: str | None = None
+    """Hugging Face model folder (config.json + safetensors) to start from; each rank reads only
+    its own layers. A resumed checkpoint takes precedence."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -135,6 +139,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help=f"give up on a silent peer after S seconds (default {d.timeout_s:g})",
+    )
+    _add_model_data_arguments(p)
+
+
+def _add_model_data_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="start from a Hugging Face model folder (config.json + model.safetensors)",
     )
 
 

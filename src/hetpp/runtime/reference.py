@@ -21,6 +21,7 @@ import torch
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
+from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.runtime.optim import (
     clip_coefficient,
@@ -50,7 +51,10 @@ def train_reference(
     device: torch.device | None = None,
 ) -> ReferenceRun:
     dtype = getattr(torch, opts.dtype)
-    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype).to(device)
+    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype)
+    if opts.init_from:
+        load_stage(model, opts.init_from)
+    model.to(device)
     opt = make_optimizer(model.parameters(), opts)
     start = samples = 0
     if resume_from is not None:

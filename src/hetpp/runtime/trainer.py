@@ -21,6 +21,7 @@ from hetpp.runtime import checkpoint
 from hetpp.runtime.data import batch, make_source, pipeline_slices
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
+from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, print_summary
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.runtime.optim import make_optimizer
@@ -166,6 +167,8 @@ class RankTrainer:
         activity("creating process groups")
         groups = Groups(plan, self.rank, opts.timeout_s)
         self.stage = StageModule(plan.model, *role.layers, opts.seed, getattr(torch, opts.dtype))
+        if opts.init_from:
+            load_stage(self.stage, opts.init_from)
         self.stage.to(device)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")

@@ -384,12 +384,9 @@ def to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
             attn_logit_softcapping=c.attn_logit_softcap,
             final_logit_softcapping=c.final_logit_softcap,
         )
-    want, back = c.resolved(), ModelConfig(**from_hf(cfg, c.name)).resolved()
-    for key in ModelConfig.model_fields:
-        if key not in ("name", "hf_model_type") and getattr(back, key) != getattr(want, key):
-            raise SpecError(
-                f"model {c.name} cannot be written as {family}: {key} differs", field=key
-            )
+    key = c.first_difference(ModelConfig(**from_hf(cfg, c.name)))
+    if key is not None:
+        raise SpecError(f"model {c.name} cannot be written as {family}: {key} differs", field=key)
     return cfg
 
 

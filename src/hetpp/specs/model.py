@@ -149,6 +149,14 @@ class ModelConfig(BaseModel):
             )
         )
 
+    def first_difference(self, other: ModelConfig) -> str | None:
+        """The first field in which two architectures differ (the name and origin aside)."""
+        a, b = self.resolved(), other.resolved()
+        for key in type(self).model_fields:
+            if key not in ("name", "hf_model_type") and getattr(a, key) != getattr(b, key):
+                return key
+        return None
+
     def is_sliding(self, block: int) -> bool:
         """Whether block `block` (0-based among the blocks) uses the sliding window."""
         return self.sliding_window is not None and (self.sliding_layers == "all" or block % 2 == 0)

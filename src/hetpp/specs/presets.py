@@ -128,3 +128,15 @@ def load_model(name_or_path: str | Path, seq_len: int, dtype_bytes: int = 2) -> 
             f"seq_len {seq_len} exceeds the model's max_seq_len {cfg.max_seq_len}", field="seq_len"
         )
     return ModelSpec(config=cfg, seq_len=seq_len, dtype_bytes=dtype_bytes)
+
+
+def check_folder_model(c: ModelConfig, folder: str | Path) -> None:
+    """SpecError unless the folder's config.json is the architecture `c` (names aside)."""
+    theirs = load_model_config(folder)
+    key = c.first_difference(theirs)
+    if key is not None:
+        raise SpecError(
+            f"the folder's model differs from the plan's: {key} is "
+            f"{getattr(theirs.resolved(), key)!r}, the plan has {getattr(c.resolved(), key)!r}",
+            file=str(Path(folder) / "config.json"),
+        )
