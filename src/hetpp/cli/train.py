@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hetpp.runtime.options import add_arguments, from_args
 from hetpp.specs.errors import SpecError
@@ -35,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetpp.dataset.shards import data_kind
     from hetpp.runtime.launch import launch
     from hetpp.specs.plan import load_plan
     from hetpp.specs.presets import check_folder_model
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     # Checked here so a bad input gives one message, not one per rank.
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
-    if opts.data is not None and not Path(opts.data).is_file():
-        raise SpecError("file not found", file=opts.data, field="--data")
+    if opts.data is not None:
+        data_kind(opts.data)  # a format it cannot read is one line and exit 2
     if opts.init_from is not None:
         check_folder_model(plan.model, opts.init_from)
     return launch(opts, plan.num_devices)

@@ -24,8 +24,8 @@ class TrainOptions:
     steps: int = 10
     """Train until this optimizer step (a resumed run continues from its checkpoint's step)."""
     data: str | None = None
-    """Token source: None for seeded synthetic tokens; a text file (bytes as tokens 0..255); or a
-    `.bin` file of uint16 token ids."""
+    """Token source: None for seeded synthetic tokens; a dataset from `hetpp data prepare` (its
+    folder or index.json); a text file (bytes as tokens 0..255); or a `.bin` of uint16 ids."""
     seed: int = 0
     """Seed of the initial weights and of synthetic data (never depends on the plan)."""
     dtype: Literal["float32", "float64"] = "float32"
@@ -97,7 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="plan JSON (from the planner or written by hand)")
     p.add_argument("--steps", type=int, help=f"train until this step (default {d.steps})")
     p.add_argument(
-        "--data", help="text file (bytes as tokens) or .bin uint16 tokens; default synthetic"
+        "--data",
+        help="dataset folder from `hetpp data prepare`, a .txt (bytes as tokens) or a .bin of "
+        "uint16 ids; default synthetic",
     )
     p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
     p.add_argument("--dtype", choices=("float32", "float64"), help=f"default {d.dtype}")
