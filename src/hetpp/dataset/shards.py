@@ -109,7 +109,7 @@ def data_kind(path: str | Path) -> str:
     if is_dataset(p):
         return "dataset"
     if not p.is_file():
-        raise SpecError("no such file, or a folder without index.json", file=str(p), field="--data")
+        raise SpecError("file not found (nor a dataset folder)", file=str(p), field="--data")
     if p.suffix == ".bin":
         return "shard" if is_shard(p) else "uint16"
     if p.suffix.lower() in BYTE_SUFFIXES:

@@ -27,6 +27,7 @@ from hetpp.runtime.optim import (
     clip_coefficient,
     grads_of,
     make_optimizer,
+    make_scheduler,
     scale_grads,
     squared_norm,
 )
@@ -61,6 +62,7 @@ def train_reference(
         meta = checkpoint.load(resume_from, model, opt)
         start, samples = meta.step, meta.samples
     source = make_source(opts.data, plan, opts.seed)
+    sched = make_scheduler(opt, opts, start)
     losses = []
     for _ in range(start, opts.steps):
         opt.zero_grad()
@@ -69,6 +71,7 @@ def train_reference(
             norm = math.sqrt(squared_norm(model.parameters(), device or torch.device("cpu")).item())
             scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
         opt.step()
+        sched.step()
         samples += plan.global_batch
     return ReferenceRun(model, losses)
 
