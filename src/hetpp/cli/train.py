@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from hetpp.runtime.options import add_arguments, from_args
 from hetpp.specs.errors import SpecError
@@ -48,4 +49,8 @@ def run(args: argparse.Namespace) -> int:
         data_kind(opts.data)  # a format it cannot read is one line and exit 2
     if opts.init_from is not None:
         check_folder_model(plan.model, opts.init_from)
+    if opts.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+        raise SpecError(
+            "needs the tensorboard package: pip install 'hetpp[tensorboard]'", field="--tensorboard"
+        )
     return launch(opts, plan.num_devices)
