@@ -121,3 +121,11 @@ def test_unknown_input_format_is_refused_before_any_work(tmp_path, tokenizer):
                 tokenizer=str(tokenizer), inputs=(str(tmp_path / "a.csv"),), out=str(tmp_path / "o")
             )
         )
+
+
+def test_the_demo_corpus_is_built_offline_from_the_standard_library(tmp_path):
+    from hetpp.demo.corpus import build_corpus
+
+    ds = open_dataset(build_corpus(tmp_path, limit_bytes=40_000, vocab_size=256))
+    assert ds.vocab_size <= 256 and ds.index["documents"] >= 2
+    assert sum(len(t) for t in ds.train) > 1000 and ds.index["eos_id"] == 1
