@@ -92,7 +92,14 @@ def test_training_reads_windows_across_shards_and_the_held_out_split(tmp_path, t
     plan = _plan()
     src = make_source(str(out), plan, seed=0)
     stream = np.concatenate(open_dataset(out).train)
-    assert src.sample(3).tolist() == stream[24:33].tolist()
+    assert src.shuffle_seed == 0 and make_source(str(out), plan, seed=0).sample(5).tolist() == (
+        src.sample(5).tolist()
+    )
+    ids = TokenWindows([np.arange(100)], 8, "x", shuffle_seed=3)  # token = its position
+    firsts = [int(ids.sample(g)[0]) for g in range(ids.windows)]
+    assert sorted(firsts) == [8 * k for k in range(12)] and firsts != sorted(firsts)
+    assert [int(ids.sample(12 + g)[0]) for g in range(12)] != firsts  # a new order per epoch
+    assert ids.sample(4).tolist() == list(range(firsts[4], firsts[4] + 9))
     split = TokenWindows([stream[:5], stream[5:7], stream[7:]], 8, "x")  # straddles two shards
     assert split.sample(0).tolist() == stream[:9].tolist()
     val = validation_batch(str(out), plan, seed=0, count=4)

@@ -41,12 +41,18 @@ class SyntheticTokens:
 
 
 class TokenWindows:
-    """Consecutive windows of a token stream held in one or more arrays (memory-mapped shards),
-    read in order: sample g starts at token (g * seq_len) modulo the usable length, so the stream
-    is read front to back and wraps around."""
+    """Windows of a token stream held in one or more arrays (memory-mapped shards).
 
-    def __init__(self, parts: list[np.ndarray], seq_len: int, where: str):
-        self.parts, self.seq_len = parts, seq_len
+    In order (`shuffle_seed` None): sample g starts at token (g * seq_len) modulo the usable
+    length, so the stream is read front to back and wraps around. Shuffled: the stream is cut into
+    non-overlapping windows and epoch e visits them in a permutation drawn from (seed, e), so a
+    batch mixes documents and the order still depends only on the seed."""
+
+    def __init__(
+        self, parts: list[np.ndarray], seq_len: int, where: str, shuffle_seed: int | None = None
+    ):
+        self.parts, self.seq_len, self.shuffle_seed = parts, seq_len, shuffle_seed
+        self._perm: tuple[int, np.ndarray] | None = None
         self.ends = np.cumsum([len(p) for p in parts])
         total = int(self.ends[-1]) if parts else 0
         if total < seq_len + 1:
@@ -56,9 +62,19 @@ class TokenWindows:
                 field="--data",
             )
         self.span = total - seq_len
+        self.windows = max(1, (total - 1) // seq_len)
+
+    def _start(self, index: int) -> int:
+        if self.shuffle_seed is None:
+            return (index * self.seq_len) % self.span
+        epoch, k = divmod(index, self.windows)
+        if self._perm is None or self._perm[0] != epoch:
+            rng = np.random.default_rng([self.shuffle_seed, epoch])
+            self._perm = (epoch, rng.permutation(self.windows))
+        return int(self._perm[1][k]) * self.seq_len
 
     def sample(self, index: int) -> torch.Tensor:
-        start = (index * self.seq_len) % self.span
+        start = self._start(index)
         stop = start + self.seq_len + 1
         first = int(np.searchsorted(self.ends, start, side="right"))
         pieces, pos = [], start
@@ -110,11 +126,13 @@ VALIDATION_OFFSET = 1 << 40
 
 
 def make_source(data: str | None, plan: Plan, seed: int) -> TokenSource:
-    """The training stream: synthetic, a prepared dataset's train split, or one token file."""
+    """The training stream: synthetic, a prepared dataset's train split (windows shuffled per
+    epoch by `seed`), or one token file (in order)."""
     if data is None:
         return SyntheticTokens(plan.model.vocab_size, plan.seq_len, seed)
     if data_kind(data) == "dataset":
-        return TokenWindows(_dataset(data, plan.model.vocab_size).train, plan.seq_len, data)
+        ds = _dataset(data, plan.model.vocab_size)
+        return TokenWindows(ds.train, plan.seq_len, data, shuffle_seed=seed)
     return file_tokens(data, plan.seq_len, plan.model.vocab_size)
 
 
