@@ -28,6 +28,14 @@ _LLAMA = dict(
     num_key_value_heads=2,
     rms_norm_eps=1e-6,
 )
+_NEOX = dict(
+    _COMMON,
+    model_type="gpt_neox",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+)
 CONFIGS: dict[str, dict] = {
     # Llama-3.1's rope_scaling, with an original context short enough to bend these frequencies.
     "llama": dict(
@@ -67,26 +75,8 @@ CONFIGS: dict[str, dict] = {
         eos_token_id=2,
         bos_token_id=1,
     ),
-    "gpt_neox": dict(
-        _COMMON,
-        model_type="gpt_neox",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        rotary_pct=0.25,
-        rotary_emb_base=1e4,
-    ),
-    "gpt_neox-sequential": dict(
-        _COMMON,
-        model_type="gpt_neox",
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        use_parallel_residual=False,
-        rotary_pct=0.5,
-    ),
+    "gpt_neox": dict(_NEOX, rotary_pct=0.25, rotary_emb_base=1e4),
+    "gpt_neox-sequential": dict(_NEOX, use_parallel_residual=False, rotary_pct=0.5),
 }
 
 
