@@ -130,7 +130,7 @@ def _record(records, ds, prep_s: float, train_s: float, steps: int) -> str:
             "| ---: | ---: | ---: | ---: | ---: |",
             *rows,
             "",
-            f"Command: `python bench/real_text.py {shlex.join(sys.argv[1:])}`".replace(" `", "`"),
+            f"Command: `{shlex.join(['python', 'bench/real_text.py', *sys.argv[1:]])}`",
         ]
     )
 
