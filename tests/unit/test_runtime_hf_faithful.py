@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hfmodels import CONFIGS, make_hf_model, reference_forward, reference_model
+from hfmodels import CONFIGS, make_hf_model, reference_forward, reference_model, transformers
 
-from hetpp.runtime.hf_weights import load_stage
+from hetpp.runtime.hf_weights import export_stage, load_stage
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.specs import ModelSpec
 from hetpp.specs.presets import load_model_config
@@ -55,3 +55,17 @@ def test_the_costed_spec_is_the_built_model(family):
     assert sum(p.numel() for p in full.parameters()) == spec.total_params
     for layer in spec.layers:
         assert sum(p.numel() for _, p in full.own_parameters(layer.index)) == layer.params
+
+
+def test_export_loads_back_in_transformers(family, tmp_path):
+    _, folder, hf = family
+    c = load_model_config(folder)
+    full = StageModule(c, 0, c.num_layers + 2, seed=0, dtype=torch.float32)
+    load_stage(full, folder)
+    out = export_stage(full, tmp_path / "export")
+    again = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+    assert load_model_config(out).first_difference(c) is None
+    tokens = torch.randint(0, c.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    want, _ = reference_forward(hf.eval(), tokens, torch.float32)
+    got, _ = reference_forward(again.eval(), tokens, torch.float32)
+    assert (got - want).abs().max().item() == 0.0  # the same weights, the same code

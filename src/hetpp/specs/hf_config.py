@@ -341,6 +341,9 @@ def to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
         "architectures": [_ARCH[family]],
         "vocab_size": c.vocab_size,
         "tie_word_embeddings": c.tie_embeddings,
+        # hetpp keeps no token ids; a family default outside the vocabulary (Phi-3's pad 32000)
+        # would stop transformers from building the embedding.
+        "pad_token_id": None,
     }
     if family == "gpt2":
         cfg |= dict(
@@ -380,7 +383,7 @@ def to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
             cfg["sliding_window"] = c.sliding_window
     if family == "gemma2":
         cfg |= dict(
-            query_pre_attn_scalar=(c.attn_scale or c.head_dim**-0.5) ** -2,
+            query_pre_attn_scalar=_scalar((c.attn_scale or c.head_dim**-0.5) ** -2),
             attn_logit_softcapping=c.attn_logit_softcap,
             final_logit_softcapping=c.final_logit_softcap,
         )
@@ -388,6 +391,11 @@ def to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
     if key is not None:
         raise SpecError(f"model {c.name} cannot be written as {family}: {key} differs", field=key)
     return cfg
+
+
+def _scalar(x: float) -> float | int:
+    """An integer when x is one up to rounding (transformers types query_pre_attn_scalar int)."""
+    return round(x) if abs(x - round(x)) < 1e-9 * max(1.0, abs(x)) else x
 
 
 def _rope_to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
