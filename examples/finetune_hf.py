@@ -82,7 +82,9 @@ def main() -> int:
         f"--steps {args.steps} --lr 2e-3 --warmup-steps 5 --lr-schedule cosine --eval-every 10 "
         f"--checkpoint-dir {w}/ckpt --metrics {w}/run.jsonl".split()
     )
-    hetpp(*f"export --checkpoint-dir {w}/ckpt --hf {w}/hf-tuned".split())
+    hetpp(
+        *f"export --checkpoint-dir {w}/ckpt --hf {w}/hf-tuned --tokenizer-from {w}/hf-small".split()
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(w / "hf-tuned").eval()
     plan = load_plan(w / "plan.json")
     rows = validation_batch(str(w / "data"), plan, seed=0, count=plan.global_batch)

@@ -47,7 +47,10 @@ def test_hf_folder_trains_exports_and_loads_back(tmp_path):
     assert records[-1].loss < records[0].loss
 
     out = tmp_path / "hf-out"
-    assert main(["export", "--checkpoint-dir", str(ckpt), "--hf", str(out)]) == 0
+    (src / "tokenizer.json").write_text("{}")  # stands for the folder's tokenizer
+    argv = ["export", "--checkpoint-dir", str(ckpt), "--hf", str(out), "--tokenizer-from", str(src)]
+    assert main(argv) == 0
+    assert (out / "tokenizer.json").read_text() == "{}"
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     hetpp = StageModule(c, 0, c.num_layers + 2, seed=1, dtype=torch.float32)
     checkpoint.load(checkpoint.latest(ckpt), hetpp, torch.optim.SGD(hetpp.parameters(), lr=0.0))

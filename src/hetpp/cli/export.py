@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from hetpp.specs.errors import SpecError
 
 EXAMPLES = """examples:
   hetpp export --checkpoint-dir ckpt --hf out/            # newest complete checkpoint
-  hetpp export --checkpoint-dir ckpt --hf out/ --dtype bfloat16
+  hetpp export --checkpoint-dir ckpt --hf out/ --dtype bfloat16 --tokenizer-from hf-model/
   python -c "import transformers; transformers.AutoModelForCausalLM.from_pretrained('out')"
 """
 
@@ -29,6 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype",
         choices=("float32", "bfloat16", "float16", "float64"),
         help="dtype of the written tensors (default float32)",
+    )
+    p.add_argument(
+        "--tokenizer-from",
+        metavar="DIR",
+        help="copy the tokenizer files of this folder (e.g. the --init-from one) into OUT",
     )
     p.set_defaults(func=run)
 
@@ -50,9 +56,21 @@ def run(args: argparse.Namespace) -> int:
     stage = StageModule(c, 0, c.num_layers + 2, seed=0, dtype=torch.float32)
     # checkpoint.load also restores optimizer state: a throwaway optimizer receives it.
     checkpoint.load(path, stage, torch.optim.SGD(stage.parameters(), lr=0.0))
+    tokenizer = _tokenizer_files(Path(args.tokenizer_from)) if args.tokenizer_from else []
     out = export_stage(stage, args.hf, getattr(torch, args.dtype) if args.dtype else None)
+    for f in tokenizer:
+        shutil.copyfile(f, out / f.name)
     print(
         f"wrote {out} ({c.name}, step {meta.step}, {sum(p.numel() for p in stage.parameters()):,} "
         "parameters)"
     )
     return 0
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _tokenizer_files(src: Path) -> list[Path]:
+    if not (src / "tokenizer.json").is_file():
+        raise SpecError("no tokenizer.json here", file=str(src), field="--tokenizer-from")
+    return [src / f for f in TOKENIZER_FILES if (src / f).is_file()]
