@@ -102,3 +102,34 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("hetpp 0.")
+
+
+def test_tensorboard_events_beside_the_jsonl(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hetpp.runtime.metrics import MetricsLog, StepMetrics
+
+    log = MetricsLog(tmp_path / "m.jsonl", append=False, tensorboard=str(tmp_path / "tb"))
+    for step, val in ((1, None), (2, 2.5)):
+        log.add(
+            StepMetrics(
+                step=step,
+                loss=3.0 / step,
+                step_s=0.1,
+                samples_per_s=1.0,
+                tokens_per_s=1.0,
+                grad_norm=0.5,
+                compute_s=(0.1,),
+                wait_s=(0.0,),
+                comm_s=(0.0,),
+                lr=1e-3,
+                val_loss=val,
+            )
+        )
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/loss")] == [3.0, 1.5]
+    assert [(e.step, e.value) for e in events.Scalars("train/val_loss")] == [(2, 2.5)]
+    assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 2
