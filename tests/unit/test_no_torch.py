@@ -12,6 +12,7 @@ PURE = [
     "hetpp.planner",
     "hetpp.sim",
     "hetpp.report.tables",
+    "hetpp.dataset",  # `hetpp data prepare` and the shard format: numpy and tokenizers only
     "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
 ]
 
