@@ -107,15 +107,17 @@ def test_training_reads_windows_across_shards_and_the_held_out_split(tmp_path, t
     assert val[0].tolist() == held_out[:9].tolist()
 
 
-@pytest.mark.parametrize("name", ["corpus.jsonl", "tokens.npy", "data.parquet"])
+@pytest.mark.parametrize("name", ["corpus.jsonl", "tokens.npy", "data.parquet", "megatron.bin"])
 def test_another_format_as_data_exits_2(tmp_path, capsys, name):
     bad = tmp_path / name
     bad.write_text("{}")
+    (tmp_path / "megatron.idx").write_bytes(b"MMIDIDX\x00\x00")
     plan = tmp_path / "plan.json"
     _plan().validate_plan().save(plan)
     assert main(["train", "--plan", str(plan), "--data", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "unsupported data format" in err and str(bad) in err and "\n" not in err
+    assert ("unsupported data format" in err or "Megatron" in err) and str(bad) in err
+    assert "\n" not in err
 
 
 def test_unknown_input_format_is_refused_before_any_work(tmp_path, tokenizer):

@@ -51,21 +51,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
     from hetpp.dataset.prepare import PrepareOptions, prepare
     from hetpp.specs.errors import SpecError
 
     if args.val_every < 0:
         raise SpecError("must be 0 or more", field="--val-every")
-    index = prepare(
-        PrepareOptions(
-            tokenizer=args.tokenizer,
-            inputs=tuple(args.input),
-            out=args.out,
-            field=args.field,
-            eos=args.eos,
-            val_every=args.val_every,
-        )
+    opts = PrepareOptions(
+        tokenizer=args.tokenizer,
+        inputs=tuple(args.input),
+        out=args.out,
+        field=args.field,
+        eos=args.eos,
+        val_every=args.val_every,
     )
+    with Progress(transient=True) as bar:
+        task = bar.add_task("tokenizing", total=len(opts.inputs))
+        index = prepare(opts, on_input=lambda _: bar.advance(task))
     tokens = {s: sum(e["tokens"] for e in index[s]) for s in ("train", "val")}
     print(
         f"wrote {args.out}: {index['documents']} documents, {tokens['train']:,} train and "

@@ -8,7 +8,7 @@ followed by EOS. Documents are assigned to the validation split deterministicall
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,8 +152,9 @@ class _Split:
         self.pending, self.tokens, self.docs = [], 0, 0
 
 
-def prepare(opts: PrepareOptions) -> dict:
-    """Write the dataset; returns its index."""
+def prepare(opts: PrepareOptions, on_input: Callable[[Path], None] | None = None) -> dict:
+    """Write the dataset; returns its index. `on_input` is called after each input file has been
+    read (a progress bar)."""
     tok, folder = load_tokenizer(opts.tokenizer)
     eos = eos_id(tok, folder, opts.eos)
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -162,7 +163,7 @@ def prepare(opts: PrepareOptions) -> dict:
     dtype = token_dtype(vocab)
     splits = {s: _Split(root, s, dtype, opts.shard_tokens) for s in ("train", "val")}
     count = 0
-    for docs in _batches(opts):
+    for docs in _batches(opts, on_input or (lambda _: None)):
         for enc in tok.encode_batch(docs):
             val = opts.val_every > 0 and count % opts.val_every == opts.val_every - 1
             splits["val" if val else "train"].add([*enc.ids, eos])
@@ -186,7 +187,7 @@ def prepare(opts: PrepareOptions) -> dict:
     return index
 
 
-def _batches(opts: PrepareOptions) -> Iterator[list[str]]:
+def _batches(opts: PrepareOptions, on_input: Callable[[Path], None]) -> Iterator[list[str]]:
     paths = [Path(p) for p in opts.inputs]
     for p in paths:  # every input's format checked before any work
         if p.suffix.lower() not in (*TEXT_SUFFIXES, ".jsonl", ".parquet") or not p.is_file():
@@ -198,5 +199,6 @@ def _batches(opts: PrepareOptions) -> Iterator[list[str]]:
             if len(buf) == BATCH_DOCS:
                 yield buf
                 buf = []
+        on_input(p)
     if buf:
         yield buf

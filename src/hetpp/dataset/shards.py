@@ -111,6 +111,13 @@ def data_kind(path: str | Path) -> str:
     if not p.is_file():
         raise SpecError("file not found (nor a dataset folder)", file=str(p), field="--data")
     if p.suffix == ".bin":
+        if not is_shard(p) and p.with_suffix(".idx").is_file():
+            raise SpecError(
+                "a Megatron-style indexed dataset (.bin + .idx) is not read; prepare the text "
+                "with `hetpp data prepare`",
+                file=str(p),
+                field="--data",
+            )
         return "shard" if is_shard(p) else "uint16"
     if p.suffix.lower() in BYTE_SUFFIXES:
         return "bytes"
