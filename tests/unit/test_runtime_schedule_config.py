@@ -28,6 +28,8 @@ def test_warmup_then_cosine_linear_constant():
     lin = _opts(steps=10, warmup_steps=0, lr_schedule="linear", min_lr_ratio=0.0)
     assert [lr_factor(s, lin) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
     assert lr_factor(7, _opts(steps=10, warmup_steps=4)) == 1.0
+    part = _opts(steps=4, decay_steps=8, lr_schedule="linear", min_lr_ratio=0.0)
+    assert lr_factor(4, part) == 0.5  # a run stopping at 4 of a schedule over 8
 
 
 def test_scheduler_drives_the_optimizer_and_resumes_in_place():

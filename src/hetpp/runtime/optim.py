@@ -30,12 +30,14 @@ def make_optimizer(
 
 def lr_factor(step: int, opts: TrainOptions) -> float:
     """Learning-rate multiplier for the update after `step` updates: linear warm-up over
-    `warmup_steps`, then constant, or a cosine / linear decay to `min_lr_ratio` at `opts.steps`."""
+    `warmup_steps`, then constant, or a cosine / linear decay to `min_lr_ratio` at `decay_steps`
+    (default `steps`)."""
     if step < opts.warmup_steps:
         return (step + 1) / opts.warmup_steps
     if opts.lr_schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - opts.warmup_steps) / max(1, opts.steps - opts.warmup_steps))
+    end = opts.decay_steps or opts.steps
+    progress = min(1.0, (step - opts.warmup_steps) / max(1, end - opts.warmup_steps))
     shape = (
         0.5 * (1 + math.cos(math.pi * progress)) if opts.lr_schedule == "cosine" else 1 - progress
     )

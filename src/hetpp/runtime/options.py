@@ -70,6 +70,9 @@ class TrainOptions:
     """Linear warm-up from lr/warmup_steps to lr over this many steps."""
     min_lr_ratio: float = 0.1
     """Final learning rate of a decaying schedule, as a fraction of --lr."""
+    decay_steps: int | None = None
+    """Step at which a decaying schedule reaches its end; default --steps (set it when a run is
+    trained in several parts, each stopping early with --steps)."""
     eval_every: int = 0
     """Validation loss every this many steps and after the last one (0: never)."""
     eval_batches: int = 1
@@ -88,6 +91,7 @@ class TrainOptions:
             (self.warmup_steps >= 0, "warmup_steps", "must be 0 or more"),
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be between 0 and 1"),
             (self.eval_every >= 0, "eval_every", "must be 0 or more"),
+            (self.decay_steps is None or self.decay_steps >= 1, "decay_steps", "must be positive"),
             (self.eval_batches >= 1, "eval_batches", "must be at least 1"),
         )
         for ok, name, msg in checks:
@@ -188,6 +192,9 @@ def _add_model_data_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="R",
         help=f"decay to lr x R (default {d.min_lr_ratio})",
+    )
+    p.add_argument(
+        "--decay-steps", type=int, metavar="N", help="schedule ends at step N (default --steps)"
     )
     p.add_argument(
         "--eval-every", type=int, metavar="K", help="validation loss every K steps and at the end"
