@@ -45,6 +45,7 @@ def _load(tmp_path, **changes):
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling.low_freq_factor",
          "missing"),
         ({"mystery_option": 3}, "mystery_option", "not supported by hetpp"),
+        ({"initializer_range": "small"}, "initializer_range", "expected a number"),
         ({"hidden_size": ...}, "hidden_size", "missing"),
     ],
 )  # fmt: skip
@@ -64,6 +65,7 @@ def test_llama31_mistral_gemma2_and_neox_fields(tmp_path):
         tie_word_embeddings=False,
     )  # fmt: skip
     assert c.rope_scaling.type == "llama3" and c.rope_scaling.original_max_seq_len == 8192
+    assert _load(tmp_path, initializer_range=0.01).init_std == 0.01  # random init follows it
     mistral = _load(tmp_path, model_type="mistral")
     assert mistral.sliding_window == 4096 and mistral.sliding_layers == "all"
     assert _load(tmp_path, model_type="mistral", sliding_window=None).sliding_window is None

@@ -17,7 +17,6 @@ from torch import nn
 
 from hetpp.specs.model import ModelConfig
 
-INIT_STD = 0.02
 TIED_HEAD_PARAM = "lm_head.weight"
 """Name, inside the head, of the weight that is the embedding's `tok.weight` when tied."""
 TIED_EMBEDDING_PARAM = "tok.weight"
@@ -225,19 +224,20 @@ class Head(nn.Module):
 def _init_layer(layer: nn.Module, c: ModelConfig, index: int, seed: int) -> None:
     g = layer_generator(seed, index)
     # GPT-2's scaled init for projections that write into the residual stream.
-    resid_std = INIT_STD / math.sqrt(2 * c.num_layers)
+    resid_std = c.init_std / math.sqrt(2 * c.num_layers)
     for name, p in layer.named_parameters():
         if name.endswith("bias"):
             p.zero_()
         elif "norm" in name:
             p.fill_(0.0 if c.norm_unit_offset else 1.0)
         else:
-            std = resid_std if name in ("attn.out.weight", "mlp.down.weight") else INIT_STD
+            std = resid_std if name in ("attn.out.weight", "mlp.down.weight") else c.init_std
             p.copy_(torch.randn(p.shape, generator=g) * std)
     if isinstance(layer, Head) and c.tie_embeddings:
         # The tied copy starts as the embedding's token matrix: the first draw of layer 0.
         g0 = layer_generator(seed, 0)
-        layer.lm_head.weight.copy_(torch.randn(layer.lm_head.weight.shape, generator=g0) * INIT_STD)
+        tok = torch.randn(layer.lm_head.weight.shape, generator=g0) * c.init_std
+        layer.lm_head.weight.copy_(tok)
 
 
 def build_layer(c: ModelConfig, index: int, seed: int, dtype: torch.dtype) -> nn.Module:

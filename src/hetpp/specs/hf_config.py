@@ -30,7 +30,6 @@ INERT = frozenset(
         "eos_token_id",
         "pad_token_id",
         "use_cache",
-        "initializer_range",
         "is_decoder",
         "cache_implementation",
         "n_ctx",
@@ -147,6 +146,7 @@ def from_hf(cfg: dict[str, Any], name: str) -> dict[str, Any]:
         )
     r = _Reader(cfg)
     fields = {
+        "init_std": r.float("initializer_range", 0.02),
         "name": name,
         "hf_model_type": mt,
         "max_seq_len": r.int(
@@ -341,6 +341,7 @@ def to_hf(c: ModelConfig, family: str) -> dict[str, Any]:
         "architectures": [_ARCH[family]],
         "vocab_size": c.vocab_size,
         "tie_word_embeddings": c.tie_embeddings,
+        "initializer_range": c.init_std,
         # hetpp keeps no token ids; a family default outside the vocabulary (Phi-3's pad 32000)
         # would stop transformers from building the embedding.
         "pad_token_id": None,

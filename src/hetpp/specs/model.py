@@ -90,6 +90,9 @@ class ModelConfig(BaseModel):
     """Gemma-2: attention scores become cap * tanh(scores / cap)."""
     final_logit_softcap: PositiveFloat | None = None
     """Gemma-2: logits become cap * tanh(logits / cap)."""
+    init_std: PositiveFloat = 0.02
+    """Standard deviation of the random initial weights (projections into the residual stream
+    get init_std / sqrt(2 * num_layers), as GPT-2); weights from --init-from replace them."""
     hf_model_type: HfModelType | None = None
     """The Hugging Face architecture this config came from (and is exported as)."""
 
