@@ -14,7 +14,10 @@ def test_resume_under_another_plan_equals_an_uninterrupted_run(tmp_path):
     # 3 ranks, tied copies on different ranks -> 2 ranks, other cuts, other batch split.
     plan_a = make_plan("tiny-gpt", [pipeline([0, 1], [0, 3, 6], 2, 5), pipeline([2], [0, 6], 3, 2)])
     plan_b = make_plan("tiny-gpt", [pipeline([1, 0], [0, 4, 6], 4, 4)], schedule="gpipe")
-    opts = {"dtype": "float64", "clip_grad": 0.05}
+    # A cosine schedule over the whole 8 steps: the first part stops at 4, the resumed part
+    # continues the same schedule.
+    opts = {"dtype": "float64", "clip_grad": 0.05, "lr_schedule": "cosine", "warmup_steps": 2,
+            "decay_steps": 8}
     ckpt = tmp_path / "ckpt"
     first = train(plan_a, tmp_path, steps=4, checkpoint_dir=str(ckpt), **opts)
     saved = checkpoint.latest(ckpt)
@@ -31,6 +34,9 @@ def test_resume_under_another_plan_equals_an_uninterrupted_run(tmp_path):
     whole = train(plan_a, tmp_path, steps=8, **opts)
 
     assert [r.step for r in resumed[0].records] == [5, 6, 7, 8]
+    lrs = [r.lr for r in first[0].records + resumed[0].records]
+    assert lrs == pytest.approx([r.lr for r in whole[0].records], abs=0, rel=0)
+    assert len(set(lrs)) == 7  # every rate differs but two: the warm-up ends where decay starts
     losses = [r.loss for r in first[0].records + resumed[0].records]
     assert losses == pytest.approx([r.loss for r in whole[0].records], abs=1e-10, rel=0)
     assert resumed[0].verify is not None and resumed[0].verify.ok, resumed[0].verify

@@ -153,7 +153,7 @@ def test_runs_are_interleaved_and_timed_after_warm_up(planned, monkeypatch, tmp_
     _, _, cands = planned
     order: list[str] = []
 
-    def fake_train(plan, steps, work, name, on_step=None):
+    def fake_train(plan, steps, work, name, on_step=None, data=None):
         order.append(name)
         times = [9.0, 8.0] + [1.0 + 0.1 * k for k in range(steps - 2)]  # two slow warm-up steps
         return {"step_times_s": times}

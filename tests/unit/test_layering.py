@@ -15,9 +15,10 @@ ALLOWED = {
     "planner": {"specs", "profile", "cost"},
     "sim": {"specs", "profile", "cost"},
     "report": {"specs", "profile", "cost", "planner", "sim"},
-    "runtime": {"specs", "profile"},
-    "demo": PLANNING | {"runtime"},
-    "cli": PLANNING | {"runtime", "demo"},
+    "dataset": {"specs"},  # token shards: written by `hetpp data prepare`, read by the runtime
+    "runtime": {"specs", "profile", "dataset"},
+    "demo": PLANNING | {"runtime", "dataset"},
+    "cli": PLANNING | {"runtime", "demo", "dataset"},
     "train": {"specs", "runtime"},  # the `torchrun -m hetpp.train` entry point
 }
 

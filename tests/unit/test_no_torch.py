@@ -14,6 +14,7 @@ PURE = [
     "hetpp.report.tables",
     "hetpp.report.plans",
     "hetpp.report.inputs",
+    "hetpp.dataset",  # `hetpp data prepare` and the shard format: numpy and tokenizers only
     "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
 ]
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetpp.runtime.data import FileTokens, SyntheticTokens, batch, pipeline_slices
+from hetpp.runtime.data import SyntheticTokens, batch, file_tokens, pipeline_slices
 from hetpp.specs import PRESETS, PipelinePlan, Plan, SpecError, StagePlan
 
 
@@ -63,13 +63,13 @@ def test_synthetic_samples_are_fixed_and_distinct():
 def test_text_files_are_bytes_and_bin_files_uint16(tmp_path):
     text = tmp_path / "t.txt"
     text.write_bytes(bytes(range(40)))
-    src = FileTokens(text, seq_len=8, vocab_size=256)
+    src = file_tokens(text, seq_len=8, vocab_size=256)
     assert src.sample(0).tolist() == list(range(9))
     assert src.sample(1).tolist() == list(range(8, 17))
     assert src.sample(4).tolist() == list(range(0, 9))  # wraps around: 4 * 8 mod (40 - 8) = 0
     binary = tmp_path / "t.bin"
     np.arange(100, 120, dtype=np.uint16).tofile(binary)
-    assert FileTokens(binary, seq_len=4, vocab_size=200).sample(1).tolist() == [
+    assert file_tokens(binary, seq_len=4, vocab_size=200).sample(1).tolist() == [
         104,
         105,
         106,
@@ -77,8 +77,8 @@ def test_text_files_are_bytes_and_bin_files_uint16(tmp_path):
         108,
     ]
     with pytest.raises(SpecError, match="outside the model's vocabulary"):
-        FileTokens(binary, seq_len=4, vocab_size=110)
+        file_tokens(binary, seq_len=4, vocab_size=110)
     with pytest.raises(SpecError, match="need at least"):
-        FileTokens(binary, seq_len=40, vocab_size=200)
+        file_tokens(binary, seq_len=40, vocab_size=200)
     with pytest.raises(SpecError, match="file not found"):
-        FileTokens(tmp_path / "nope.txt", seq_len=4, vocab_size=256)
+        file_tokens(tmp_path / "nope.txt", seq_len=4, vocab_size=256)

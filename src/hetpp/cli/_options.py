@@ -31,7 +31,9 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     """The options that describe a planning problem (shared by `plan` and `compare`)."""
     p.add_argument("--cluster", required=True, help="cluster YAML file")
     p.add_argument(
-        "--model", required=True, help="preset name or Hugging Face config.json (or hetpp YAML)"
+        "--model",
+        required=True,
+        help="preset name, Hugging Face model folder or config.json (or hetpp YAML)",
     )
     p.add_argument(
         "--global-batch", type=int, required=True, help="samples (sequences) per optimizer step"

@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--cluster", help="cluster YAML file")
-    p.add_argument("--model", help="preset name, Hugging Face config.json, or ModelConfig file")
+    p.add_argument(
+        "--model", help="preset name, Hugging Face model folder or config.json, or ModelConfig file"
+    )
     p.add_argument(
         "--seq-len", type=int, help="sequence length (default: 2048, or the model's maximum)"
     )

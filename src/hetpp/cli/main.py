@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import pkgutil
 import sys
@@ -23,11 +24,19 @@ def _command_modules() -> list[str]:
     return sorted(n for n in names if n != "main" and not n.startswith("_"))
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hetpp")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetpp",
         description="Plan, simulate and train transformers on heterogeneous GPU clusters.",
     )
+    parser.add_argument("--version", action="version", version=f"hetpp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _command_modules():
         importlib.import_module(f"hetpp.cli.{name}").register(sub)

@@ -120,7 +120,12 @@ def best_baseline(candidates: dict[str, Candidate]) -> str | None:
 
 
 def measure(
-    c: Candidate, steps: int, work: Path, tag: str = "", on_step: OnStep | None = None
+    c: Candidate,
+    steps: int,
+    work: Path,
+    tag: str = "",
+    on_step: OnStep | None = None,
+    data: Path | None = None,
 ) -> float:
     """Train the candidate's plan once; records and returns the run's median step time over the
     steps after `WARMUP_STEPS`."""
@@ -128,7 +133,7 @@ def measure(
         raise ValueError(f"{c.strategy} has no plan to train")
     if steps <= WARMUP_STEPS:
         raise ValueError(f"need more than {WARMUP_STEPS} steps (the first are warm-up)")
-    summary = train_plan(c.plan, steps, work, f"{c.strategy}{tag}", on_step)
+    summary = train_plan(c.plan, steps, work, f"{c.strategy}{tag}", on_step, data=data)
     times = summary["step_times_s"]
     c.step_times_s.append(times)
     c.measured.append(statistics.median(times[WARMUP_STEPS:]))

@@ -25,10 +25,13 @@ class TrainFailed(RuntimeError):
     """A training run exited non-zero; the message ends with the tail of its log."""
 
 
-def train_command(plan_path: Path, steps: int, metrics: Path, emulate: bool = True) -> list[str]:
+def train_command(
+    plan_path: Path, steps: int, metrics: Path, emulate: bool = True, data: Path | None = None
+) -> list[str]:
     """The `hetpp train` command line of one run (its output goes to the run's log)."""
     args = ["train", "--plan", str(plan_path), "--steps", str(steps), "--metrics", str(metrics)]
     args += ["--timeout-s", "120"] + (["--emulate"] if emulate else [])
+    args += ["--data", str(data)] if data is not None else []
     return [sys.executable, "-m", "hetpp.cli.main", *args]
 
 
@@ -39,6 +42,7 @@ def train_plan(
     name: str = "run",
     on_step: OnStep | None = None,
     emulate: bool = True,
+    data: Path | None = None,
 ) -> dict[str, Any]:
     """Train `plan` for `steps` steps; the measured summary (`hetpp.runtime.metrics.summarize`,
     the first step left out) plus `step_times_s`, every step's wall time.
@@ -53,7 +57,9 @@ def train_plan(
     seen = 0
     with log.open("w") as out:
         proc = subprocess.Popen(
-            train_command(plan_path, steps, metrics, emulate), stdout=out, stderr=subprocess.STDOUT
+            train_command(plan_path, steps, metrics, emulate, data),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             while True:

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hetpp.demo.compare import WARMUP_STEPS, Candidate, Setup, best_baseline, describe, plan_all
 from hetpp.demo.compare import measure as measure_candidate
+from hetpp.demo.corpus import build_corpus
 from hetpp.demo.emulated import builtin_cluster, emulated_profiles, profile_cpu, type_factors
 from hetpp.demo.report import plans_table, results_table, write_charts
 from hetpp.profile.table import ProfileTable
@@ -25,6 +26,9 @@ from hetpp.report.inputs import cluster_table
 from hetpp.specs.presets import PRESETS
 
 MODEL = "gpt-demo"
+
+CORPUS_BYTES = 1_000_000
+"""Standard-library source the demo trains on (tokenizer and dataset built in seconds)."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,16 @@ def profile(setup: Setup, console: Console) -> ProfileTable:
     return cpu
 
 
-def train(cands: list[Candidate], steps: int, work: Path, console: Console) -> None:
-    """Train each candidate once, one progress bar per run."""
+def train(
+    cands: list[Candidate], steps: int, work: Path, console: Console, data: Path | None = None
+) -> None:
+    """Train each candidate once (on `data`), one progress bar per run."""
     with _progress(console) as bar:
         for c in cands:
             assert c.plan is not None
             task = bar.add_task(f"training {c.strategy}: {describe(c.plan)}", total=steps)
-            measure_candidate(c, steps, work, on_step=lambda _m, t=task: bar.advance(t))
+            advance = lambda _m, t=task: bar.advance(t)  # noqa: E731
+            measure_candidate(c, steps, work, on_step=advance, data=data)
 
 
 def run_demo(opts: DemoOptions, console: Console) -> int:
@@ -93,7 +100,9 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
         f"{', '.join(c.strategy for c in chosen)} for {opts.steps} steps each (the first "
         f"{WARMUP_STEPS} are warm-up) with `hetpp train --emulate`."
     )
-    train(chosen, opts.steps, opts.out / "runs", console)
+    with console.status("preparing real text: the Python standard library's sources, a BPE"):
+        data = build_corpus(opts.out / "corpus", limit_bytes=CORPUS_BYTES)
+    train(chosen, opts.steps, opts.out / "runs", console, data)
     with console.status("drawing charts"):
         charts = write_charts(chosen, opts.out, MODEL)
     console.print(results_table(list(cands.values()), setup.global_batch, "Predicted and measured"))

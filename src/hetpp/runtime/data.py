@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hetpp.dataset.shards import Dataset, data_kind, open_dataset, open_shard
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 
@@ -39,45 +40,116 @@ class SyntheticTokens:
         return phrase.repeat(self.seq_len // period + 2)[: self.seq_len + 1]
 
 
-class FileTokens:
-    """Consecutive windows of a token file: text as bytes (tokens 0..255), or `.bin` uint16 ids.
+class TokenWindows:
+    """Windows of a token stream held in one or more arrays (memory-mapped shards).
 
-    Sample g starts at token (g * seq_len) modulo the usable length, so the file is read in order
-    and wraps around."""
+    In order (`shuffle_seed` None): sample g starts at token (g * seq_len) modulo the usable
+    length, so the stream is read front to back and wraps around. Shuffled: the stream is cut into
+    non-overlapping windows and epoch e visits them in a permutation drawn from (seed, e), so a
+    batch mixes documents and the order still depends only on the seed."""
 
-    def __init__(self, path: str | Path, seq_len: int, vocab_size: int):
-        p = Path(path)
-        if not p.is_file():
-            raise SpecError("file not found", file=str(p), field="--data")
-        dtype = np.uint16 if p.suffix == ".bin" else np.uint8
-        self.tokens = np.memmap(p, dtype=dtype, mode="r")
-        self.seq_len = seq_len
-        if len(self.tokens) < seq_len + 1:
+    def __init__(
+        self, parts: list[np.ndarray], seq_len: int, where: str, shuffle_seed: int | None = None
+    ):
+        self.parts, self.seq_len, self.shuffle_seed = parts, seq_len, shuffle_seed
+        self._perm: tuple[int, np.ndarray] | None = None
+        self.ends = np.cumsum([len(p) for p in parts])
+        total = int(self.ends[-1]) if parts else 0
+        if total < seq_len + 1:
             raise SpecError(
-                f"{len(self.tokens)} tokens; need at least seq_len + 1 = {seq_len + 1}",
-                file=str(p),
+                f"{total} tokens; need at least seq_len + 1 = {seq_len + 1}",
+                file=where,
                 field="--data",
             )
-        # A byte file always fits a byte-level vocabulary; other files are scanned once.
-        top = int(self.tokens.max()) if np.iinfo(dtype).max >= vocab_size else 0
-        if top >= vocab_size:
-            raise SpecError(
-                f"token id {top} is outside the model's vocabulary ({vocab_size})",
-                file=str(p),
-                field="--data",
-            )
-        self.span = len(self.tokens) - seq_len
+        self.span = total - seq_len
+        self.windows = max(1, (total - 1) // seq_len)
+
+    def _start(self, index: int) -> int:
+        if self.shuffle_seed is None:
+            return (index * self.seq_len) % self.span
+        epoch, k = divmod(index, self.windows)
+        if self._perm is None or self._perm[0] != epoch:
+            rng = np.random.default_rng([self.shuffle_seed, epoch])
+            self._perm = (epoch, rng.permutation(self.windows))
+        return int(self._perm[1][k]) * self.seq_len
 
     def sample(self, index: int) -> torch.Tensor:
-        start = (index * self.seq_len) % self.span
-        window = self.tokens[start : start + self.seq_len + 1].astype(np.int64)
-        return torch.from_numpy(window)
+        start = self._start(index)
+        stop = start + self.seq_len + 1
+        first = int(np.searchsorted(self.ends, start, side="right"))
+        pieces, pos = [], start
+        for k in range(first, len(self.parts)):  # a window may straddle shards
+            begin = int(self.ends[k]) - len(self.parts[k])
+            pieces.append(self.parts[k][pos - begin : min(stop, int(self.ends[k])) - begin])
+            pos = int(self.ends[k])
+            if pos >= stop:
+                break
+        return torch.from_numpy(np.concatenate(pieces).astype(np.int64))
+
+
+def file_tokens(path: str | Path, seq_len: int, vocab_size: int) -> TokenWindows:
+    """Windows of one token file: text as bytes (tokens 0..255), a hetpp shard, or a headerless
+    `.bin` of uint16 ids (checked against the vocabulary once)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("file not found", file=str(p), field="--data")
+    kind = data_kind(p)
+    if kind == "shard":
+        tokens = open_shard(p)
+    else:
+        tokens = np.memmap(p, dtype=np.uint16 if kind == "uint16" else np.uint8, mode="r")
+    # A byte file always fits a byte-level vocabulary; other files are scanned once.
+    top = int(tokens.max()) if len(tokens) and np.iinfo(tokens.dtype).max >= vocab_size else 0
+    if top >= vocab_size:
+        raise SpecError(
+            f"token id {top} is outside the model's vocabulary ({vocab_size})",
+            file=str(p),
+            field="--data",
+        )
+    return TokenWindows([tokens], seq_len, str(p))
+
+
+def _dataset(path: str | Path, vocab_size: int) -> Dataset:
+    ds = open_dataset(path)
+    if ds.vocab_size > vocab_size:
+        raise SpecError(
+            f"the tokenizer's vocabulary ({ds.vocab_size}) is larger than the model's "
+            f"({vocab_size})",
+            file=str(ds.root / "index.json"),
+            field="vocab_size",
+        )
+    return ds
+
+
+VALIDATION_OFFSET = 1 << 40
+"""Synthetic validation samples start here: training never reaches them."""
 
 
 def make_source(data: str | None, plan: Plan, seed: int) -> TokenSource:
+    """The training stream: synthetic, a prepared dataset's train split (windows shuffled per
+    epoch by `seed`), or one token file (in order)."""
     if data is None:
         return SyntheticTokens(plan.model.vocab_size, plan.seq_len, seed)
-    return FileTokens(data, plan.seq_len, plan.model.vocab_size)
+    if data_kind(data) == "dataset":
+        ds = _dataset(data, plan.model.vocab_size)
+        return TokenWindows(ds.train, plan.seq_len, data, shuffle_seed=seed)
+    return file_tokens(data, plan.seq_len, plan.model.vocab_size)
+
+
+def validation_batch(data: str | None, plan: Plan, seed: int, count: int) -> torch.Tensor | None:
+    """Fixed validation samples ([n <= count, seq_len + 1]): a prepared dataset's held-out split
+    (its first windows), or synthetic samples training never draws; None for a single file."""
+    if data is None:
+        src: TokenSource = SyntheticTokens(plan.model.vocab_size, plan.seq_len, seed)
+        return torch.stack([src.sample(VALIDATION_OFFSET + i) for i in range(count)])
+    if data_kind(data) != "dataset":
+        return None
+    val = _dataset(data, plan.model.vocab_size).val
+    if sum(len(v) for v in val) < plan.seq_len + 1:
+        return None
+    windows = TokenWindows(val, plan.seq_len, data)
+    n = max(1, min(count, windows.span // plan.seq_len))  # distinct windows only
+    return torch.stack([windows.sample(i) for i in range(n)])
 
 
 def pipeline_slices(plan: Plan) -> list[tuple[int, int]]:

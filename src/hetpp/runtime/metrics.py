@@ -28,7 +28,7 @@ class StepMetrics:
     samples_per_s: float
     tokens_per_s: float
     grad_norm: float | None
-    """Global gradient norm before clipping (None when not clipping)."""
+    """Global gradient norm before clipping."""
     compute_s: tuple[float, ...]
     """Per rank: forward/backward compute (stretched when emulating) and the optimizer update."""
     wait_s: tuple[float, ...]
@@ -36,6 +36,10 @@ class StepMetrics:
     comm_s: tuple[float, ...]
     """Per rank: gradient and tied-weight sync and the clipping all-reduce, including the wait for
     the other owners (other pipelines) to finish their backward."""
+    lr: float | None = None
+    """Learning rate of this step's update."""
+    val_loss: float | None = None
+    """Mean validation token loss after this step's update (steps with --eval-every only)."""
 
 
 def summarize(records: list[StepMetrics], skip_first: bool = True) -> dict[str, Any]:
@@ -62,22 +66,35 @@ def summarize(records: list[StepMetrics], skip_first: bool = True) -> dict[str, 
 class MetricsLog:
     """Appends one JSON object per step to a file (flushed, so a crash keeps finished steps)."""
 
-    def __init__(self, path: str | Path | None, append: bool):
+    def __init__(self, path: str | Path | None, append: bool, tensorboard: str | None = None):
         self.records: list[StepMetrics] = []
         self._file = None
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a" if append else "w")  # noqa: SIM115 - closed in close()
+        self._tb = None
+        if tensorboard is not None:  # optional: torch's writer needs the tensorboard package
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(tensorboard)
 
     def add(self, m: StepMetrics) -> None:
         self.records.append(m)
         if self._file is not None:
             self._file.write(json.dumps(asdict(m)) + "\n")
             self._file.flush()
+        if self._tb is not None:
+            for key in ("loss", "val_loss", "lr", "grad_norm", "step_s", "tokens_per_s"):
+                value = getattr(m, key)
+                if value is not None:
+                    self._tb.add_scalar(f"train/{key}", value, m.step)
+            self._tb.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._tb is not None:
+            self._tb.close()
 
 
 def parse_record(line: str) -> StepMetrics:

@@ -17,7 +17,6 @@ from torch import nn
 
 from hetpp.specs.model import ModelConfig
 
-INIT_STD = 0.02
 TIED_HEAD_PARAM = "lm_head.weight"
 """Name, inside the head, of the weight that is the embedding's `tok.weight` when tied."""
 TIED_EMBEDDING_PARAM = "tok.weight"
@@ -29,22 +28,24 @@ def layer_generator(seed: int, index: int) -> torch.Generator:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.unit_offset = eps, unit_offset
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Half-precision inputs are normalised in fp32 (as Llama does); fp32/fp64 stay as they are.
         xf = x.float() if x.element_size() < 4 else x
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:  # Gemma scales in fp32 by 1 + weight, then casts
+            return (y * (1.0 + self.weight.to(y.dtype))).to(x.dtype)
         return self.weight * y.to(x.dtype)
 
 
 def _norm(c: ModelConfig) -> nn.Module:
     if c.family == "gpt":
         return nn.LayerNorm(c.hidden_size, eps=c.norm_eps)
-    return RMSNorm(c.hidden_size, c.norm_eps)
+    return RMSNorm(c.hidden_size, c.norm_eps, c.norm_unit_offset)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -52,78 +53,140 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
-class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads and optional rotary positions."""
+def inverse_frequencies(c: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies in float64, with `rope_scaling` applied as transformers does."""
+    dim = c.rotary_dim
+    inv = c.rope_theta ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    rs = c.rope_scaling
+    if rs is None:
+        return inv
+    if rs.type == "linear":
+        return inv / rs.factor
+    # Llama-3.1: long wavelengths scaled by 1/factor, short ones kept, a smooth blend between.
+    wavelen = 2 * math.pi / inv
+    low_wl = rs.original_max_seq_len / rs.low_freq_factor
+    high_wl = rs.original_max_seq_len / rs.high_freq_factor
+    scaled = torch.where(wavelen > low_wl, inv / rs.factor, inv)
+    smooth = (rs.original_max_seq_len / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(medium, blended, scaled)
 
-    def __init__(self, c: ModelConfig):
+
+def _softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads, optional (partial, scaled) rotary positions,
+    an optional sliding window and optional soft-capping of the scores."""
+
+    def __init__(self, c: ModelConfig, sliding: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_heads, c.kv_heads, c.head_dim
         kv_dim = c.kv_heads * c.head_dim
-        self.qkv = nn.Linear(c.hidden_size, c.hidden_size + 2 * kv_dim, bias=c.qkv_bias)
-        self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=c.dense_bias)
+        self.qkv = nn.Linear(c.hidden_size, c.q_dim + 2 * kv_dim, bias=c.qkv_bias)
+        self.out = nn.Linear(c.q_dim, c.hidden_size, bias=c.dense_bias)
         self.rope = c.position == "rope"
-        self.rope_theta = c.rope_theta
+        self.rotary_dim = c.rotary_dim
+        self.config = c
+        self.scale = c.attn_scale or c.head_dim**-0.5
+        self.window = c.sliding_window if sliding else None
+        self.softcap = c.attn_logit_softcap
 
     def _rotary(self, seq: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Angles in float64 on the fly: cheap next to attention, and no buffer to checkpoint.
-        inv = self.rope_theta ** -(
-            torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-        )
-        ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+        ang = torch.outer(torch.arange(seq, dtype=torch.float64), inverse_frequencies(self.config))
         ang = torch.cat((ang, ang), dim=-1).to(device=like.device, dtype=like.dtype)
         return ang.cos(), ang.sin()
 
+    def _apply_rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dim
+        rot = x[..., :r] * cos + _rotate_half(x[..., :r]) * sin
+        return rot if r == self.head_dim else torch.cat((rot, x[..., r:]), dim=-1)
+
+    def _mask(self, s: int, device: torch.device) -> torch.Tensor | None:
+        """Boolean mask (True: attend) when causal alone does not say it; None otherwise."""
+        if self.window is None and self.softcap is None:
+            return None
+        i = torch.arange(s, device=device)
+        mask = i[None, :] <= i[:, None]
+        if self.window is not None:
+            mask &= i[None, :] > i[:, None] - self.window
+        return mask
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        b, s, _ = x.shape
         kv = self.kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split((h, kv, kv), dim=-1)
+        q, k, v = self.qkv(x).split((self.heads * self.head_dim, kv, kv), dim=-1)
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.rope:
             cos, sin = self._rotary(s, q)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = self._apply_rotary(q, cos, sin), self._apply_rotary(k, cos, sin)
         if self.kv_heads != self.heads:
             # repeat_interleave rather than SDPA's enable_gqa: same result on every torch version.
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, s, h))
+        mask = self._mask(s, x.device)
+        if self.softcap is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale
+            )
+        else:  # SDPA cannot soft-cap the scores: the explicit form
+            scores = _softcap(q @ k.transpose(-2, -1) * self.scale, self.softcap)
+            y = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))
+
+
+_ACTIVATIONS = {
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "relu": F.relu,
+}
 
 
 class MLP(nn.Module):
-    """GPT: dense -> GELU(tanh) -> dense; Llama: SwiGLU without biases."""
+    """GPT: dense -> activation -> dense; Llama: gated (SwiGLU, or GeGLU for Gemma)."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.gated = c.family == "llama"
-        h, f = c.hidden_size, c.ffn_hidden_size
+        self.gated, self.act = c.gated, _ACTIVATIONS[c.act]
+        h, f, bias = c.hidden_size, c.ffn_hidden_size, c.has_mlp_bias
         if self.gated:
-            self.gate = nn.Linear(h, f, bias=False)
-            self.up = nn.Linear(h, f, bias=False)
-            self.down = nn.Linear(f, h, bias=False)
-        else:
-            self.up = nn.Linear(h, f, bias=c.dense_bias)
-            self.down = nn.Linear(f, h, bias=c.dense_bias)
+            self.gate = nn.Linear(h, f, bias=bias)
+        self.up = nn.Linear(h, f, bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block; `block` (0-based) picks sliding or full attention."""
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, block: int = 0):
         super().__init__()
-        self.norm1, self.attn = _norm(c), Attention(c)
+        self.parallel = c.parallel_residual
+        self.norm1, self.attn = _norm(c), Attention(c, sliding=c.is_sliding(block))
         self.norm2, self.mlp = _norm(c), MLP(c)
+        if c.sandwich_norm:
+            self.post_attn_norm, self.post_mlp_norm = _norm(c), _norm(c)
+        self.sandwich = c.sandwich_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        if self.parallel:
+            return x + self.attn(self.norm1(x)) + self.mlp(self.norm2(x))
+        a = self.attn(self.norm1(x))
+        x = x + (self.post_attn_norm(a) if self.sandwich else a)
+        m = self.mlp(self.norm2(x))
+        return x + (self.post_mlp_norm(m) if self.sandwich else m)
 
 
 class Embedding(nn.Module):
@@ -133,9 +196,12 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(c.vocab_size, c.hidden_size)
         self.pos = nn.Embedding(c.max_seq_len, c.hidden_size) if c.position == "learned" else None
+        self.scale = c.hidden_size**0.5 if c.scale_embeddings else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
+        if self.scale is not None:  # Gemma: the factor rounded to the activation dtype first
+            x = x * torch.tensor(self.scale, dtype=x.dtype)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         return x
@@ -148,37 +214,43 @@ class Head(nn.Module):
         super().__init__()
         self.norm = _norm(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.softcap = c.final_logit_softcap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(x))
+        return _softcap(self.lm_head(self.norm(x)), self.softcap)
 
 
 @torch.no_grad()
 def _init_layer(layer: nn.Module, c: ModelConfig, index: int, seed: int) -> None:
     g = layer_generator(seed, index)
     # GPT-2's scaled init for projections that write into the residual stream.
-    resid_std = INIT_STD / math.sqrt(2 * c.num_layers)
+    resid_std = c.init_std / math.sqrt(2 * c.num_layers)
     for name, p in layer.named_parameters():
         if name.endswith("bias"):
             p.zero_()
         elif "norm" in name:
-            p.fill_(1.0)
+            p.fill_(0.0 if c.norm_unit_offset else 1.0)
         else:
-            std = resid_std if name in ("attn.out.weight", "mlp.down.weight") else INIT_STD
+            std = resid_std if name in ("attn.out.weight", "mlp.down.weight") else c.init_std
             p.copy_(torch.randn(p.shape, generator=g) * std)
     if isinstance(layer, Head) and c.tie_embeddings:
         # The tied copy starts as the embedding's token matrix: the first draw of layer 0.
         g0 = layer_generator(seed, 0)
-        layer.lm_head.weight.copy_(torch.randn(layer.lm_head.weight.shape, generator=g0) * INIT_STD)
+        tok = torch.randn(layer.lm_head.weight.shape, generator=g0) * c.init_std
+        layer.lm_head.weight.copy_(tok)
 
 
 def build_layer(c: ModelConfig, index: int, seed: int, dtype: torch.dtype) -> nn.Module:
     """Layer `index` of the model's layer list, initialised from (seed, index)."""
     if not 0 <= index <= c.num_layers + 1:
         raise IndexError(f"layer {index} outside 0..{c.num_layers + 1}")
-    cls = Embedding if index == 0 else Head if index == c.num_layers + 1 else Block
     # Initialise in fp32 on CPU so every dtype and device starts from the same draws.
-    layer = cls(c)
+    if index == 0:
+        layer: nn.Module = Embedding(c)
+    elif index == c.num_layers + 1:
+        layer = Head(c)
+    else:
+        layer = Block(c, index - 1)
     _init_layer(layer, c, index, seed)
     return layer.to(dtype)
 

@@ -3,9 +3,11 @@ single-process reference so both do exactly the same maths."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from hetpp.runtime.options import TrainOptions
 
@@ -13,9 +15,40 @@ from hetpp.runtime.options import TrainOptions
 def make_optimizer(
     params: Iterable[torch.nn.Parameter], opts: TrainOptions
 ) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay on matrices only: norms and biases (1-d) are not decayed, as
+    transformers' Trainer and torchtitan do."""
+    params = list(params)
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": opts.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
     if opts.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
-    return torch.optim.SGD(params, lr=opts.lr, weight_decay=opts.weight_decay)
+        return torch.optim.AdamW(groups, lr=opts.lr)
+    return torch.optim.SGD(groups, lr=opts.lr)
+
+
+def lr_factor(step: int, opts: TrainOptions) -> float:
+    """Learning-rate multiplier for the update after `step` updates: linear warm-up over
+    `warmup_steps`, then constant, or a cosine / linear decay to `min_lr_ratio` at `decay_steps`
+    (default `steps`)."""
+    if step < opts.warmup_steps:
+        return (step + 1) / opts.warmup_steps
+    if opts.lr_schedule == "constant":
+        return 1.0
+    end = opts.decay_steps or opts.steps
+    progress = min(1.0, (step - opts.warmup_steps) / max(1, end - opts.warmup_steps))
+    shape = (
+        0.5 * (1 + math.cos(math.pi * progress)) if opts.lr_schedule == "cosine" else 1 - progress
+    )
+    return opts.min_lr_ratio + (1 - opts.min_lr_ratio) * shape
+
+
+def make_scheduler(opt: torch.optim.Optimizer, opts: TrainOptions, start: int) -> LambdaLR:
+    """The schedule, positioned for the update after `start` completed steps (a resumed run)."""
+    for g in opt.param_groups:
+        g.setdefault("initial_lr", opts.lr)
+    return LambdaLR(opt, lambda step: lr_factor(step, opts), last_epoch=start - 1)
 
 
 def grads_of(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:

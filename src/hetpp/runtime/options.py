@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Literal
+
+from pydantic import TypeAdapter, ValidationError
 
 from hetpp.specs.errors import SpecError
 
@@ -24,8 +27,8 @@ class TrainOptions:
     steps: int = 10
     """Train until this optimizer step (a resumed run continues from its checkpoint's step)."""
     data: str | None = None
-    """Token source: None for seeded synthetic tokens; a text file (bytes as tokens 0..255); or a
-    `.bin` file of uint16 token ids."""
+    """Token source: None for seeded synthetic tokens; a dataset from `hetpp data prepare` (its
+    folder or index.json); a text file (bytes as tokens 0..255); or a `.bin` of uint16 ids."""
     seed: int = 0
     """Seed of the initial weights and of synthetic data (never depends on the plan)."""
     dtype: Literal["float32", "float64"] = "float32"
@@ -57,6 +60,25 @@ class TrainOptions:
     """Write one JSON object per step to this file (rank 0)."""
     timeout_s: float = 300.0
     """Collective/P2P timeout: a rank whose peer died or hangs stops after at most this long."""
+    # Models, data and schedules (issue 11).
+    init_from: str | None = None
+    """Hugging Face model folder (config.json + safetensors) to start from; each rank reads only
+    its own layers. A resumed checkpoint takes precedence."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After warm-up: keep --lr, or decay it (cosine or linear) to lr x min_lr_ratio at --steps."""
+    warmup_steps: int = 0
+    """Linear warm-up from lr/warmup_steps to lr over this many steps."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate of a decaying schedule, as a fraction of --lr."""
+    decay_steps: int | None = None
+    """Step at which a decaying schedule reaches its end; default --steps (set it when a run is
+    trained in several parts, each stopping early with --steps)."""
+    eval_every: int = 0
+    """Validation loss every this many steps and after the last one (0: never)."""
+    eval_batches: int = 1
+    """Global batches of held-out samples per validation (same shapes as training)."""
+    tensorboard: str | None = None
+    """Also log the metrics to TensorBoard event files in this folder (needs `tensorboard`)."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -66,6 +88,11 @@ class TrainOptions:
             (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 or more"),
             (self.timeout_s > 0, "timeout_s", "must be positive"),
             (not self.resume or self.checkpoint_dir, "resume", "needs --checkpoint-dir"),
+            (self.warmup_steps >= 0, "warmup_steps", "must be 0 or more"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be between 0 and 1"),
+            (self.eval_every >= 0, "eval_every", "must be 0 or more"),
+            (self.decay_steps is None or self.decay_steps >= 1, "decay_steps", "must be positive"),
+            (self.eval_batches >= 1, "eval_batches", "must be at least 1"),
         )
         for ok, name, msg in checks:
             if not ok:
@@ -90,10 +117,12 @@ class TrainOptions:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the training flags; `from_args` reads them back (unset flags keep the defaults)."""
     d = TrainOptions
-    p.add_argument("--plan", required=True, help="plan JSON (from the planner or written by hand)")
+    p.add_argument("--plan", help="plan JSON (from the planner or written by hand); required")
     p.add_argument("--steps", type=int, help=f"train until this step (default {d.steps})")
     p.add_argument(
-        "--data", help="text file (bytes as tokens) or .bin uint16 tokens; default synthetic"
+        "--data",
+        help="dataset folder from `hetpp data prepare`, a .txt (bytes as tokens) or a .bin of "
+        "uint16 ids; default synthetic",
     )
     p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
     p.add_argument("--dtype", choices=("float32", "float64"), help=f"default {d.dtype}")
@@ -136,9 +165,88 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"give up on a silent peer after S seconds (default {d.timeout_s:g})",
     )
+    _add_model_data_arguments(p)
+
+
+def _add_model_data_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainOptions
+    p.add_argument(
+        "--config",
+        metavar="RUN.toml",
+        help="options from a TOML file (keys: the option names, e.g. lr = 3e-4, "
+        "checkpoint_dir = 'ckpt'); flags given on the command line override it",
+    )
+    p.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="start from a Hugging Face model folder (config.json + model.safetensors)",
+    )
+    p.add_argument(
+        "--lr-schedule",
+        choices=("constant", "cosine", "linear"),
+        help=f"after warm-up (default {d.lr_schedule})",
+    )
+    p.add_argument("--warmup-steps", type=int, metavar="N", help="linear warm-up steps")
+    p.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        metavar="R",
+        help=f"decay to lr x R (default {d.min_lr_ratio})",
+    )
+    p.add_argument(
+        "--decay-steps", type=int, metavar="N", help="schedule ends at step N (default --steps)"
+    )
+    p.add_argument(
+        "--eval-every", type=int, metavar="K", help="validation loss every K steps and at the end"
+    )
+    p.add_argument(
+        "--eval-batches",
+        type=int,
+        metavar="N",
+        help=f"global batches per validation (default {d.eval_batches})",
+    )
+    p.add_argument("--tensorboard", metavar="DIR", help="also write TensorBoard events here")
 
 
 def from_args(args: argparse.Namespace) -> TrainOptions:
-    """Options from parsed flags; raises SpecError naming a bad flag."""
+    """Options from parsed flags over the --config file's; raises SpecError naming a bad one."""
     names = {f.name for f in dataclasses.fields(TrainOptions)}
-    return TrainOptions(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    values = read_config(args.config) if getattr(args, "config", None) else {}
+    values |= {
+        k: v for k, v in vars(args).items() if k in names and v is not None and v is not False
+    }
+    if "plan" not in values:
+        raise SpecError("required: a plan file (--plan, or plan = ... in --config)", field="--plan")
+    try:
+        return TrainOptions(**values)
+    except SpecError as e:
+        raise e.in_file(args.config) if getattr(args, "config", None) else e from None
+
+
+def read_config(path: str) -> dict:
+    """A TOML file of train options, type-checked against TrainOptions; unknown keys are errors."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise SpecError(f"cannot read: {e.strerror}", file=path) from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"not valid TOML: {e}", file=path) from None
+    known = {f.name for f in dataclasses.fields(TrainOptions)}
+    for key in data:
+        if key not in known:
+            raise SpecError(
+                f"unknown option; expected one of {', '.join(sorted(known))}", file=path, field=key
+            )
+    hints = typing.get_type_hints(TrainOptions)
+    for key, value in data.items():
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError as e:
+            msg = e.errors()[0]["msg"]
+            raise SpecError(f"{msg}, got {value!r}", file=path, field=key) from None
+    return data

@@ -21,11 +21,13 @@ import torch
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
+from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.runtime.optim import (
     clip_coefficient,
     grads_of,
     make_optimizer,
+    make_scheduler,
     scale_grads,
     squared_norm,
 )
@@ -50,13 +52,17 @@ def train_reference(
     device: torch.device | None = None,
 ) -> ReferenceRun:
     dtype = getattr(torch, opts.dtype)
-    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype).to(device)
+    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype)
+    if opts.init_from:
+        load_stage(model, opts.init_from)
+    model.to(device)
     opt = make_optimizer(model.parameters(), opts)
     start = samples = 0
     if resume_from is not None:
         meta = checkpoint.load(resume_from, model, opt)
         start, samples = meta.step, meta.samples
     source = make_source(opts.data, plan, opts.seed)
+    sched = make_scheduler(opt, opts, start)
     losses = []
     for _ in range(start, opts.steps):
         opt.zero_grad()
@@ -65,6 +71,7 @@ def train_reference(
             norm = math.sqrt(squared_norm(model.parameters(), device or torch.device("cpu")).item())
             scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
         opt.step()
+        sched.step()
         samples += plan.global_batch
     return ReferenceRun(model, losses)
 

@@ -6,6 +6,8 @@ Started once per plan device, by `torchrun -m hetpp.train` or by `hetpp train`'s
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import sys
 import time
@@ -18,12 +20,13 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
-from hetpp.runtime.data import batch, make_source, pipeline_slices
+from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_batch
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
+from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, print_summary
 from hetpp.runtime.model import StageModule, token_loss_sum
-from hetpp.runtime.optim import make_optimizer
+from hetpp.runtime.optim import make_optimizer, make_scheduler
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.reference import train_reference
 from hetpp.runtime.stage import TimedStage
@@ -167,10 +170,13 @@ class RankTrainer:
         activity("creating process groups")
         groups = Groups(plan, self.rank, opts.timeout_s)
         self.stage = StageModule(plan.model, *role.layers, opts.seed, getattr(torch, opts.dtype))
+        if opts.init_from:
+            load_stage(self.stage, opts.init_from)
         self.stage.to(device)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
+        self.sched = make_scheduler(self.opt, opts, self.start)
         self.sync = GradSync(plan, self.rank, self.stage, groups, device)
         self.pstage = TimedStage(
             self.stage,
@@ -190,6 +196,7 @@ class RankTrainer:
         )
         self.source = make_source(opts.data, plan, opts.seed)
         self.offset = pipeline_slices(plan)[role.pipeline][0]
+        self.val = _validation_rows(opts, plan)
         self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
         ranks = list(pipeline_ranks(plan)[role.pipeline])
         self.where = (
@@ -198,7 +205,7 @@ class RankTrainer:
 
     def train(self) -> RunResult:
         opts, plan = self.opts, self.plan
-        log = MetricsLog(opts.metrics, append=self.start > 0) if self.rank == 0 else None
+        log = MetricsLog(opts.metrics, self.start > 0, opts.tensorboard) if self.rank == 0 else None
         if log is not None:
             _announce(plan, opts, self.start, self.resumed_from)
         for step in range(self.start + 1, opts.steps + 1):
@@ -210,8 +217,10 @@ class RankTrainer:
             vec[0] = loss
             vec[1 + 4 * self.rank : 5 + 4 * self.rank] = torch.tensor(times)
             dist.all_reduce(vec)
+            val = self.evaluate(step) if _eval_due(step, opts) else None
             if log is not None:
-                log.add(_step_metrics(step, vec.tolist(), self.world, plan, norm))
+                record = _step_metrics(step, vec.tolist(), self.world, plan, norm)
+                log.add(dataclasses.replace(record, lr=self.lr, val_loss=val))
                 _progress(log.records[-1], opts.steps)
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
@@ -243,17 +252,35 @@ class RankTrainer:
         self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
-        norm = None
-        if self.opts.clip_grad is not None:
-            self.note(f"step {step}: gradient-norm all-reduce over all ranks")
-            norm = self.sync.clip(self.opts.clip_grad, self.stage)
+        # The norm is always measured (a metric); without --clip-grad the factor is exactly 1.
+        self.note(f"step {step}: gradient-norm all-reduce over all ranks")
+        norm = self.sync.clip(self.opts.clip_grad or math.inf, self.stage)
         t_comm = time.perf_counter()
+        self.lr = self.sched.get_last_lr()[0]  # this update's rate, for the metrics
         self.opt.step()
+        self.sched.step()
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
         compute = self.pstage.compute_s
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
         return times, sum(float(x.detach()) for x in losses or ()), norm
+
+    def evaluate(self, step: int) -> float:
+        """Mean validation loss over `eval_batches` held-out global batches: forward only, through
+        the same schedule and shapes as training; collective over all ranks."""
+        self.note(f"step {step}: validation")
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        batch_size = self.plan.global_batch
+        for k in range(self.opts.eval_batches):
+            first = k * batch_size + self.offset
+            rows = self.val[first : first + self.pipe.batch].to(self.device)
+            args = (rows[:, :-1],) if self.first else ()
+            losses: list | None = [] if self.last else None
+            target = rows[:, 1:] if self.last else None
+            self.schedule.eval(*args, target=target, losses=losses)
+            total += sum(float(x.detach()) for x in losses or ())
+        dist.all_reduce(total)
+        return total.item() / self.opts.eval_batches
 
     def save_checkpoint(self, step: int) -> None:
         self.note(f"step {step}: writing the checkpoint")
@@ -317,6 +344,23 @@ def _step_metrics(
     )
 
 
+def _eval_due(step: int, opts: TrainOptions) -> bool:
+    return opts.eval_every > 0 and (step % opts.eval_every == 0 or step == opts.steps)
+
+
+def _validation_rows(opts: TrainOptions, plan: Plan) -> torch.Tensor | None:
+    if opts.eval_every == 0:
+        return None
+    rows = validation_batch(opts.data, plan, opts.seed, opts.eval_batches * plan.global_batch)
+    if rows is None:
+        raise SpecError(
+            "--eval-every needs held-out data: a prepared dataset with a validation split "
+            "(hetpp data prepare) or synthetic data",
+            field="--eval-every",
+        )
+    return rows
+
+
 def _announce(plan: Plan, opts: TrainOptions, start: int, resumed_from: Path | None) -> None:
     shapes = "; ".join(
         f"pipeline {p}: {len(pipe.stages)} stage(s) on devices {pipe.devices}, batch {pipe.batch} "
@@ -339,7 +383,8 @@ def _announce(plan: Plan, opts: TrainOptions, start: int, resumed_from: Path | N
 def _progress(m: StepMetrics, steps: int) -> None:
     print(
         f"step {m.step}/{steps}  loss {m.loss:.4f}  {m.step_s * 1e3:.1f} ms  "
-        f"{m.samples_per_s:.1f} samples/s  {m.tokens_per_s:.0f} tokens/s",
+        f"{m.samples_per_s:.1f} samples/s  {m.tokens_per_s:.0f} tokens/s"
+        + ("" if m.val_loss is None else f"  val {m.val_loss:.4f}"),
         flush=True,
     )
 

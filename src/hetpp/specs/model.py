@@ -11,13 +11,33 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 LayerKind = Literal["embedding", "block", "head"]
+Activation = Literal["gelu_tanh", "gelu", "silu", "relu"]
+HfModelType = Literal["llama", "mistral", "qwen2", "gpt2", "gpt_neox", "phi3", "gemma2"]
+
+
+class RopeScaling(BaseModel):
+    """Rotary frequency scaling for long contexts (the `rope_scaling` of a Hugging Face config)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["linear", "llama3"]
+    """linear: every frequency divided by `factor`; llama3: Llama-3.1's banded scaling."""
+    factor: PositiveFloat
+    low_freq_factor: PositiveFloat = 1.0
+    """llama3 only: wavelengths above original_max_seq_len / low_freq_factor are scaled fully."""
+    high_freq_factor: PositiveFloat = 4.0
+    """llama3 only: wavelengths below original_max_seq_len / high_freq_factor are kept."""
+    original_max_seq_len: PositiveInt = 8192
+    """llama3 only: the context length the model was pre-trained at."""
 
 
 class ModelConfig(BaseModel):
-    """Architecture of a decoder-only transformer (GPT or Llama family)."""
+    """Architecture of a decoder-only transformer (GPT or Llama family, and the variations of the
+    Hugging Face families hetpp supports: parallel residual, partial rotary, sliding windows,
+    soft-capping, sandwich norms)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -43,13 +63,49 @@ class ModelConfig(BaseModel):
     """Head reuses the embedding matrix (GPT-2/3)."""
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    mlp_bias: bool | None = None
+    """Bias on the MLP projections; None means the same as `dense_bias`."""
+    activation: Activation | None = None
+    """MLP activation; None means the family's (gpt: gelu_tanh, llama: silu, gated)."""
+    attn_head_dim: PositiveInt | None = None
+    """Width of one attention head when it is not hidden_size / num_heads (Gemma)."""
+    attn_scale: PositiveFloat | None = None
+    """Factor on the attention scores; None means 1/sqrt(head_dim)."""
+    rotary_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """Share of each head's dimensions that is rotated (GPT-NeoX's `rotary_pct`)."""
+    rope_scaling: RopeScaling | None = None
+    sliding_window: PositiveInt | None = None
+    """Sliding-window attention: a token sees itself and the `sliding_window - 1` before it."""
+    sliding_layers: Literal["all", "even"] = "all"
+    """Blocks with the sliding window: all (Mistral), or every other from the first (Gemma-2)."""
+    parallel_residual: bool = False
+    """x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX) instead of two residual steps."""
+    sandwich_norm: bool = False
+    """Gemma-2: norms after attention and MLP too, before each residual add."""
+    norm_unit_offset: bool = False
+    """Gemma: RMSNorm scales by 1 + weight (weights start at 0)."""
+    scale_embeddings: bool = False
+    """Gemma: token embeddings multiplied by sqrt(hidden_size)."""
+    attn_logit_softcap: PositiveFloat | None = None
+    """Gemma-2: attention scores become cap * tanh(scores / cap)."""
+    final_logit_softcap: PositiveFloat | None = None
+    """Gemma-2: logits become cap * tanh(logits / cap)."""
+    init_std: PositiveFloat = 0.02
+    """Standard deviation of the random initial weights (projections into the residual stream
+    get init_std / sqrt(2 * num_layers), as GPT-2); weights from --init-from replace them."""
+    hf_model_type: HfModelType | None = None
+    """The Hugging Face architecture this config came from (and is exported as)."""
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:
-        if self.hidden_size % self.num_heads:
+        if self.attn_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError("hidden_size must be a multiple of num_heads")
         if self.num_heads % self.kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.position == "learned" and (self.rope_scaling or self.rotary_fraction != 1.0):
+            raise ValueError("rope_scaling and rotary_fraction need position: rope")
+        if self.rotary_dim % 2:
+            raise ValueError("rotary_fraction * head_dim must be even")
         return self
 
     @property
@@ -58,7 +114,55 @@ class ModelConfig(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attn_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together (hidden_size unless `attn_head_dim` is set)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that are rotated (as transformers rounds: down)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def gated(self) -> bool:
+        """Gated MLP (SwiGLU / GeGLU): the llama family."""
+        return self.family == "llama"
+
+    @property
+    def act(self) -> Activation:
+        return self.activation or ("silu" if self.gated else "gelu_tanh")
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.dense_bias if self.mlp_bias is None else self.mlp_bias
+
+    def resolved(self) -> ModelConfig:
+        """The same model with every None-means-derived field written out, so two configs of one
+        architecture compare equal however they were spelt."""
+        return self.model_copy(
+            update=dict(
+                num_kv_heads=self.kv_heads,
+                attn_head_dim=self.head_dim,
+                activation=self.act,
+                mlp_bias=self.has_mlp_bias,
+                attn_scale=self.attn_scale or self.head_dim**-0.5,
+            )
+        )
+
+    def first_difference(self, other: ModelConfig) -> str | None:
+        """The first field in which two architectures differ (the name and origin aside)."""
+        a, b = self.resolved(), other.resolved()
+        for key in type(self).model_fields:
+            if key not in ("name", "hf_model_type") and getattr(a, key) != getattr(b, key):
+                return key
+        return None
+
+    def is_sliding(self, block: int) -> bool:
+        """Whether block `block` (0-based among the blocks) uses the sliding window."""
+        return self.sliding_window is not None and (self.sliding_layers == "all" or block % 2 == 0)
 
 
 class LayerSpec(BaseModel):
@@ -121,17 +225,19 @@ def _norm_params(c: ModelConfig) -> int:
 
 def block_params(c: ModelConfig) -> int:
     """Parameters of one transformer block."""
-    h, f, kvd = c.hidden_size, c.ffn_hidden_size, c.kv_heads * c.head_dim
-    qkv = h * (h + 2 * kvd) + (h + 2 * kvd if c.qkv_bias else 0)
-    out = h * h + (h if c.dense_bias else 0)
-    mlp = 2 * h * f + (f + h if c.dense_bias else 0) if c.family == "gpt" else 3 * h * f
-    return qkv + out + mlp + 2 * _norm_params(c)
+    h, f, q, kvd = c.hidden_size, c.ffn_hidden_size, c.q_dim, c.kv_heads * c.head_dim
+    qkv = h * (q + 2 * kvd) + (q + 2 * kvd if c.qkv_bias else 0)
+    out = q * h + (h if c.dense_bias else 0)
+    gates = 2 if c.gated else 1
+    mlp = (gates + 1) * h * f + ((gates * f + h) if c.has_mlp_bias else 0)
+    norms = 4 if c.sandwich_norm else 2
+    return qkv + out + mlp + norms * _norm_params(c)
 
 
 def _block(c: ModelConfig, s: int, d: int) -> dict:
-    h, f, kvd = c.hidden_size, c.ffn_hidden_size, c.kv_heads * c.head_dim
-    matmul = h * (h + 2 * kvd) + h * h + (2 if c.family == "gpt" else 3) * h * f
-    attn = 4 * s * h  # QK^T and AV over the full (unmasked) sequence, per token
+    h, f, q, kvd = c.hidden_size, c.ffn_hidden_size, c.q_dim, c.kv_heads * c.head_dim
+    matmul = h * (q + 2 * kvd) + q * h + (3 if c.gated else 2) * h * f
+    attn = 4 * s * q  # QK^T and AV over the full (unmasked) sequence, per token
     kv_frac = kvd / h
     if c.family == "gpt":
         # norm in/out x2, q/k/v, attention out; MLP in, activation in, activation out.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from hetpp.specs.errors import SpecError
+from hetpp.specs.hf_config import from_hf
 from hetpp.specs.io import read_mapping, validate_model
 from hetpp.specs.model import ModelConfig, ModelSpec
 
@@ -93,65 +93,9 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def _from_hf(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """Map a Hugging Face config dict to ModelConfig fields."""
-    mt = cfg.get("model_type")
-    if mt in ("llama", "mistral", "qwen2"):
-        return dict(
-            name=name,
-            family="llama",
-            vocab_size=cfg.get("vocab_size"),
-            hidden_size=cfg.get("hidden_size"),
-            num_layers=cfg.get("num_hidden_layers"),
-            num_heads=cfg.get("num_attention_heads"),
-            num_kv_heads=cfg.get("num_key_value_heads") or cfg.get("num_attention_heads"),
-            ffn_hidden_size=cfg.get("intermediate_size"),
-            max_seq_len=cfg.get("max_position_embeddings", 4096),
-            position="rope",
-            qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),
-            dense_bias=False,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            rope_theta=float(cfg.get("rope_theta", 1e4)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        )
-    if mt == "gpt2":
-        h = cfg.get("n_embd")
-        return dict(
-            name=name,
-            family="gpt",
-            vocab_size=cfg.get("vocab_size"),
-            hidden_size=h,
-            num_layers=cfg.get("n_layer"),
-            num_heads=cfg.get("n_head"),
-            ffn_hidden_size=cfg.get("n_inner") or (4 * h if isinstance(h, int) else None),
-            max_seq_len=cfg.get("n_positions", 1024),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
-        )
-    if mt == "gpt_neox":
-        # Cost-equivalent GPT block with rotary positions (parallel residual is not modelled).
-        return dict(
-            name=name,
-            family="gpt",
-            vocab_size=cfg.get("vocab_size"),
-            hidden_size=cfg.get("hidden_size"),
-            num_layers=cfg.get("num_hidden_layers"),
-            num_heads=cfg.get("num_attention_heads"),
-            ffn_hidden_size=cfg.get("intermediate_size"),
-            max_seq_len=cfg.get("max_position_embeddings", 2048),
-            position="rope",
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            rope_theta=float(cfg.get("rotary_emb_base", 1e4)),
-            norm_eps=float(cfg.get("layer_norm_eps", 1e-5)),
-        )
-    raise SpecError(
-        f"unsupported model_type {mt!r}; expected one of llama, mistral, qwen2, gpt2, gpt_neox",
-        field="model_type",
-    )
-
-
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
-    """A preset by name, a Hugging Face `config.json`, or a hetpp ModelConfig YAML/JSON file."""
+    """A preset by name, a Hugging Face `config.json` or model folder (the `from_pretrained`
+    convention: its `config.json`), or a hetpp ModelConfig YAML/JSON file."""
     key = str(name_or_path)
     if key.lower() in PRESETS:
         return PRESETS[key.lower()]
@@ -160,10 +104,15 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         raise SpecError(
             f"not a preset and no such file; presets: {', '.join(PRESETS)}", field="model", file=key
         )
+    if p.is_dir():
+        p = p / "config.json"
+        key = str(p)
+        if not p.is_file():
+            raise SpecError("a model folder needs a config.json", file=key)
     data = read_mapping(p)
     if "model_type" in data:
         try:
-            fields = _from_hf(data, data.get("_name_or_path") or p.parent.name or p.stem)
+            fields = from_hf(data, data.get("_name_or_path") or p.parent.name or p.stem)
         except SpecError as e:
             raise e.in_file(key) from None
         # A key absent from config.json maps to None: let validation call it missing.
@@ -179,3 +128,15 @@ def load_model(name_or_path: str | Path, seq_len: int, dtype_bytes: int = 2) -> 
             f"seq_len {seq_len} exceeds the model's max_seq_len {cfg.max_seq_len}", field="seq_len"
         )
     return ModelSpec(config=cfg, seq_len=seq_len, dtype_bytes=dtype_bytes)
+
+
+def check_folder_model(c: ModelConfig, folder: str | Path) -> None:
+    """SpecError unless the folder's config.json is the architecture `c` (names aside)."""
+    theirs = load_model_config(folder)
+    key = c.first_difference(theirs)
+    if key is not None:
+        raise SpecError(
+            f"the folder's model differs from the plan's: {key} is "
+            f"{getattr(theirs.resolved(), key)!r}, the plan has {getattr(c.resolved(), key)!r}",
+            file=str(Path(folder) / "config.json"),
+        )

@@ -1,0 +1,1 @@
+"""Token datasets: `hetpp data prepare` writes them (prepare.py), training reads shards.py."""
