@@ -19,7 +19,8 @@ import torch
 
 from hetpp.runtime.launch import free_port
 from hetpp.runtime.options import TrainOptions
-from hetpp.runtime.trainer import Activity, DistEnv, RunResult, run
+from hetpp.runtime.env import DistEnv
+from hetpp.runtime.trainer import Activity, RunResult, run
 from hetpp.specs import PRESETS, Cluster, PipelinePlan, Plan, StagePlan
 from hetpp.specs.plan import load_plan
 

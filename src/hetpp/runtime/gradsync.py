@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hetpp.runtime.groups import Groups, bucket_ranks, tied_ranks
+from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
-from hetpp.specs.plan import Plan
 
 
 @dataclass
@@ -54,7 +53,7 @@ class Bucket:
 class GradSync:
     """This rank's share of the gradient reductions of a plan."""
 
-    def __init__(self, plan: Plan, rank: int, stage: StageModule, groups: Groups,
+    def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
                  device: torch.device):  # fmt: skip
         self.groups, self.device = groups, device
         tied = stage.tied_weight()
@@ -62,7 +61,7 @@ class GradSync:
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
         # so only pipeline 0's owner adds it in (the tied weight with layer 0).
         self.norm_params: list[torch.nn.Parameter] = []
-        for layers, owners in bucket_ranks(plan):
+        for layers, owners in ranks.buckets:
             if rank not in owners:
                 continue
             params = [p for a, b in layers for i in range(a, b) for _, p in stage.own_parameters(i)]
@@ -71,7 +70,7 @@ class GradSync:
             params = [p for p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
                 self.buckets.append(Bucket(owners, layers, params))
-        holders = tied_ranks(plan)
+        holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
         self.armed = False

@@ -38,6 +38,39 @@ class StepMetrics:
     the other owners (other pipelines) to finish their backward."""
 
 
+TIMES = ("compute_s", "wait_s", "comm_s", "step_s")
+"""The seconds each rank measures per step, in the order `pack_step` packs them."""
+
+
+def pack_step(loss: float, times: list[float], rank: int, world: int) -> list[float]:
+    """One rank's share of the per-step all-reduce (SUM): its loss share, then its `TIMES` in
+    its own slot, zeros elsewhere. Summed over ranks it is what `unpack_step` reads."""
+    vec = [0.0] * (1 + len(TIMES) * world)
+    vec[0] = loss
+    vec[1 + len(TIMES) * rank : 1 + len(TIMES) * (rank + 1)] = times
+    return vec
+
+
+def unpack_step(
+    step: int, vec: list[float], global_batch: int, seq_len: int, grad_norm: float | None
+) -> StepMetrics:
+    """The step's metrics from the summed `pack_step` vectors of every rank."""
+    n = len(TIMES)
+    per = [vec[1 + n * r : 1 + n * (r + 1)] for r in range((len(vec) - 1) // n)]
+    step_s = max(p[3] for p in per)
+    return StepMetrics(
+        step=step,
+        loss=vec[0],
+        step_s=step_s,
+        grad_norm=grad_norm,
+        samples_per_s=global_batch / step_s,
+        tokens_per_s=global_batch * seq_len / step_s,
+        compute_s=tuple(p[0] for p in per),
+        wait_s=tuple(p[1] for p in per),
+        comm_s=tuple(p[2] for p in per),
+    )
+
+
 def summarize(records: list[StepMetrics], skip_first: bool = True) -> dict[str, Any]:
     """The measured summary of a run: medians over steps (the first step, which includes one-off
     set-up such as the pipeline's shape inference, is left out when there are others)."""

@@ -34,6 +34,28 @@ from hetpp.specs.plan import Plan
 
 
 @dataclass(frozen=True)
+class VerifyReport:
+    """Pipelined run vs single-process reference."""
+
+    max_param_diff: float
+    """Largest |difference| over every parameter copy on every rank."""
+    max_loss_diff: float
+    """Largest |difference| of the per-step losses."""
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_param_diff <= self.tolerance and self.max_loss_diff <= self.tolerance
+
+    def __str__(self) -> str:
+        return (
+            f"verify: max parameter difference {self.max_param_diff:.3g}, max loss difference "
+            f"{self.max_loss_diff:.3g} (tolerance {self.tolerance:g}): "
+            f"{'OK' if self.ok else 'FAILED'}"
+        )
+
+
+@dataclass(frozen=True)
 class ReferenceRun:
     """The model after training and the loss of each step."""
 
@@ -100,3 +122,29 @@ def _accumulate(
     for p, g in zip(params, total):
         p.grad = g
     return loss
+
+
+def stage_parameters(stage: StageModule) -> dict[tuple[int, str], torch.Tensor]:
+    """Every parameter of a stage keyed by (layer index, name), tied copies included, on the CPU:
+    what --verify gathers from each rank."""
+    return {
+        (i, n): p.detach().cpu()
+        for i in range(stage.start, stage.end)
+        for n, p in stage.layer(i).named_parameters(remove_duplicate=False)
+    }
+
+
+def compare(
+    ref: ReferenceRun,
+    gathered: list[dict[tuple[int, str], torch.Tensor]],
+    losses: list[float],
+    tolerance: float,
+) -> VerifyReport:
+    """The reference against every rank's `stage_parameters` and the pipelined run's losses."""
+    diff = 0.0
+    for params in gathered:
+        for (i, name), value in params.items():
+            want = ref.model.layer(i).get_parameter(name).detach().cpu()
+            diff = max(diff, (value - want).abs().max().item())
+    loss_diff = max((abs(a - b) for a, b in zip(losses, ref.losses)), default=0.0)
+    return VerifyReport(diff, loss_diff, tolerance)

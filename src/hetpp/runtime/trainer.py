@@ -19,62 +19,18 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import batch, make_source, pipeline_slices
+from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
-from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
-from hetpp.runtime.metrics import MetricsLog, StepMetrics, print_summary
+from hetpp.runtime.groups import Groups, RankMap, Role
+from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.runtime.optim import make_optimizer
 from hetpp.runtime.options import TrainOptions
-from hetpp.runtime.reference import train_reference
+from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistEnv:
-    """Where this process sits in the job and how it meets the others."""
-
-    rank: int
-    world_size: int
-    local_rank: int = 0
-    """Index among the processes of this node (picks the GPU)."""
-    local_world_size: int = 1
-    """Processes on this node (CPU threads are shared among them)."""
-    init_method: str = "env://"
-    """Rendezvous: env:// (MASTER_ADDR/MASTER_PORT, as torchrun sets) or tcp://host:port."""
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        env = os.environ
-        try:
-            return cls(
-                rank=int(env["RANK"]),
-                world_size=int(env["WORLD_SIZE"]),
-                local_rank=int(env.get("LOCAL_RANK", 0)),
-                local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-            )
-        except KeyError as e:
-            raise SpecError(
-                f"{e.args[0]} is not set; start ranks with torchrun or `hetpp train`",
-                field="environment",
-            ) from None
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """Pipelined run vs single-process reference."""
-
-    max_param_diff: float
-    """Largest |difference| over every parameter copy on every rank."""
-    max_loss_diff: float
-    """Largest |difference| of the per-step losses."""
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return self.max_param_diff <= self.tolerance and self.max_loss_diff <= self.tolerance
 
 
 @dataclass(frozen=True)
@@ -161,16 +117,17 @@ class RankTrainer:
     ):
         self.plan, self.opts, self.rank, self.note = plan, opts, env.rank, activity
         self.world, self.device = env.world_size, device
-        self.role = role = role_of(plan, env.rank)
+        self.ranks = ranks = RankMap.of(plan)
+        self.role = role = ranks.role(env.rank)
         self.pipe = plan.pipelines[role.pipeline]
         activity("creating process groups")
-        groups = Groups(plan, self.rank, opts.timeout_s)
+        groups = Groups(ranks, self.rank, opts.timeout_s)
         self.stage = StageModule(plan.model, *role.layers, opts.seed, getattr(torch, opts.dtype))
         self.stage.to(device)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
-        self.sync = GradSync(plan, self.rank, self.stage, groups, device)
+        self.sync = GradSync(ranks, self.rank, self.stage, groups, device)
         self.pstage = TimedStage(
             self.stage,
             role.stage,
@@ -190,27 +147,26 @@ class RankTrainer:
         self.source = make_source(opts.data, plan, opts.seed)
         self.offset = pipeline_slices(plan)[role.pipeline][0]
         self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
-        ranks = list(pipeline_ranks(plan)[role.pipeline])
         self.where = (
-            f"pipeline schedule (pipeline {role.pipeline}, ranks {ranks}, stage {role.stage})"
+            f"pipeline schedule (pipeline {role.pipeline}, "
+            f"ranks {list(ranks.pipelines[role.pipeline])}, stage {role.stage})"
         )
 
     def train(self) -> RunResult:
         opts, plan = self.opts, self.plan
         log = MetricsLog(opts.metrics, append=self.start > 0) if self.rank == 0 else None
         if log is not None:
-            _announce(plan, opts, self.start, self.resumed_from)
+            _announce(plan, opts, self.ranks, self.start, self.resumed_from)
         for step in range(self.start + 1, opts.steps + 1):
             times, loss, norm = self.step(step)
             self.note(f"step {step}: metrics all-reduce over all ranks")
             # One all-reduce per step: the loss (summed over the pipelines' last stages) and
-            # every rank's (compute, wait, comm, total) seconds.
-            vec = torch.zeros(1 + 4 * self.world, dtype=torch.float64, device=self.device)
-            vec[0] = loss
-            vec[1 + 4 * self.rank : 5 + 4 * self.rank] = torch.tensor(times)
+            # every rank's seconds.
+            packed = pack_step(loss, times, self.rank, self.world)
+            vec = torch.tensor(packed, dtype=torch.float64, device=self.device)
             dist.all_reduce(vec)
             if log is not None:
-                log.add(_step_metrics(step, vec.tolist(), self.world, plan, norm))
+                log.add(unpack_step(step, vec.tolist(), plan.global_batch, plan.seq_len, norm))
                 _progress(log.records[-1], opts.steps)
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
@@ -219,7 +175,7 @@ class RankTrainer:
         if log is not None:
             log.close()
             if records:
-                print_summary(records, plan_devices(plan))
+                print_summary(records, list(self.ranks.devices))
         report = None
         if opts.verify:
             self.note("gathering parameters for --verify")
@@ -272,51 +228,19 @@ class RankTrainer:
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:
         """Rank 0 trains the same steps in one process and compares every copy of every
         parameter on every rank with it."""
-        stage = self.stage
-        mine = {
-            (i, n): p.detach().cpu()
-            for i in range(stage.start, stage.end)
-            for n, p in stage.layer(i).named_parameters(remove_duplicate=False)
-        }
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        dist.gather_object(stage_parameters(self.stage), gathered, dst=0)
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)
-        diff = 0.0
-        for params in gathered:
-            for (i, name), value in params.items():
-                want = ref.model.layer(i).get_parameter(name).detach().cpu()
-                diff = max(diff, (value - want).abs().max().item())
-        loss_diff = max((abs(r.loss - x) for r, x in zip(records, ref.losses)), default=0.0)
-        report = VerifyReport(diff, loss_diff, self.opts.tolerance)
-        print(
-            f"verify: max parameter difference {diff:.3g}, max loss difference {loss_diff:.3g} "
-            f"(tolerance {report.tolerance:g}): {'OK' if report.ok else 'FAILED'}",
-            flush=True,
-        )
+        report = compare(ref, gathered, [r.loss for r in records], self.opts.tolerance)
+        print(report, flush=True)
         return report
 
 
-def _step_metrics(
-    step: int, vec: list[float], world: int, plan: Plan, norm: float | None
-) -> StepMetrics:
-    per = [vec[1 + 4 * r : 5 + 4 * r] for r in range(world)]
-    step_s = max(p[3] for p in per)
-    return StepMetrics(
-        step=step,
-        loss=vec[0],
-        step_s=step_s,
-        grad_norm=norm,
-        samples_per_s=plan.global_batch / step_s,
-        tokens_per_s=plan.global_batch * plan.seq_len / step_s,
-        compute_s=tuple(p[0] for p in per),
-        wait_s=tuple(p[1] for p in per),
-        comm_s=tuple(p[2] for p in per),
-    )
-
-
-def _announce(plan: Plan, opts: TrainOptions, start: int, resumed_from: Path | None) -> None:
+def _announce(
+    plan: Plan, opts: TrainOptions, ranks: RankMap, start: int, resumed_from: Path | None
+) -> None:
     shapes = "; ".join(
         f"pipeline {p}: {len(pipe.stages)} stage(s) on devices {pipe.devices}, batch {pipe.batch} "
         f"({pipe.num_micro_batches} x {pipe.micro_batch_size})"
@@ -329,9 +253,7 @@ def _announce(plan: Plan, opts: TrainOptions, start: int, resumed_from: Path | N
     if resumed_from is not None:
         print(f"resumed from {resumed_from} at step {start}", flush=True)
     if opts.emulate and plan.cluster is not None:
-        factors = ", ".join(
-            f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in plan_devices(plan)
-        )
+        factors = ", ".join(f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in ranks.devices)
         print(f"emulating device slowdowns {factors}", flush=True)
 
 
