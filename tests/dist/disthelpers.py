@@ -41,21 +41,31 @@ def cluster(num_devices: int = 8) -> Cluster:
     )
 
 
-def pipeline(devices: list[int], cuts: list[int], mbs: int, m: int) -> PipelinePlan:
-    """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1])."""
+def pipeline(
+    devices: list[int], cuts: list[int], mbs: int, m: int, recompute: str = ""
+) -> PipelinePlan:
+    """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1]); `recompute`
+    marks stage i's flag by its i-th letter (r: on, n: off, -: the plan's default)."""
+    flags = [{"r": True, "n": False}.get(c) for c in recompute.ljust(len(devices), "-")]
     stages = tuple(
-        StagePlan(devices=(d,), layers=(a, b)) for d, a, b in zip(devices, cuts[:-1], cuts[1:])
+        StagePlan(devices=(d,), layers=(a, b), recompute=f)
+        for d, a, b, f in zip(devices, cuts[:-1], cuts[1:], flags)
     )
     return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m)
 
 
 def make_plan(
-    model: str, pipelines: list[PipelinePlan], schedule: str = "1f1b", seq_len: int = 16
+    model: str,
+    pipelines: list[PipelinePlan],
+    schedule: str = "1f1b",
+    seq_len: int = 16,
+    precision: str = "fp32",
 ) -> Plan:
     return Plan(
         global_batch=sum(p.batch for p in pipelines),
         seq_len=seq_len,
         schedule=schedule,
+        precision=precision,
         pipelines=tuple(pipelines),
         model=PRESETS[model],
         cluster=cluster(),

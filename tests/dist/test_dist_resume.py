@@ -14,7 +14,7 @@ def test_resume_under_another_plan_equals_an_uninterrupted_run(tmp_path):
     # 3 ranks, tied copies on different ranks -> 2 ranks, other cuts, other batch split.
     plan_a = make_plan("tiny-gpt", [pipeline([0, 1], [0, 3, 6], 2, 5), pipeline([2], [0, 6], 3, 2)])
     plan_b = make_plan("tiny-gpt", [pipeline([1, 0], [0, 4, 6], 4, 4)], schedule="gpipe")
-    opts = {"dtype": "float64", "clip_grad": 0.05}
+    opts = {"fp64": True, "clip_grad": 0.05}
     ckpt = tmp_path / "ckpt"
     first = train(plan_a, tmp_path, steps=4, checkpoint_dir=str(ckpt), **opts)
     saved = checkpoint.latest(ckpt)

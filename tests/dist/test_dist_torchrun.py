@@ -21,7 +21,7 @@ def test_two_torchrun_nodes_train_one_plan(tmp_path):
     args = (
         f"--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint {endpoint} "
         f"--rdzv-id hetpp-test -m hetpp.train --plan {tmp_path / 'plan.json'} --steps 2 "
-        "--dtype float64 --verify --timeout-s 30"
+        "--fp64 --verify --timeout-s 30"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", *args.split()]
     logs = [tmp_path / f"node{i}.log" for i in range(2)]

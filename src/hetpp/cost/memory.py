@@ -27,6 +27,13 @@ class StageMemory(NamedTuple):
         return self.weights + self.grads + self.optimizer + self.activations + self.reserve
 
 
+def kept_grad_bytes(train: TrainSpec) -> int:
+    """Bytes per gradient element a stage keeps: the runtime accumulates gradients in the fp32
+    master weights' dtype, so at least 4 whatever the reduction dtype (`grad_bytes_per_param`,
+    the bytes each all-reduce sends) is."""
+    return max(train.grad_bytes_per_param, 4)
+
+
 def in_flight(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> int:
     """Micro-batches whose activations a stage holds at once: 1F1B warms up S - s of them."""
     if schedule == "gpipe":
@@ -56,7 +63,7 @@ def stage_memory(
     acts += 2 * float(costs.send_bytes[start:end].max(initial=0.0))  # recv + send buffers
     return StageMemory(
         weights=n * train.dtype_bytes,
-        grads=n * train.grad_bytes_per_param,
+        grads=n * kept_grad_bytes(train),
         optimizer=n * train.optimizer_bytes_per_param,
         activations=acts,
         reserve=train.reserve_bytes,
@@ -79,7 +86,7 @@ def stage_memory_parts(
     last = model.layers[-1]
     if last.stored_params != last.params:
         n[0, num] -= last.stored_params - last.params  # one tensor serves tied embedding and head
-    state = n * (train.dtype_bytes + train.grad_bytes_per_param + train.optimizer_bytes_per_param)
+    state = n * (train.dtype_bytes + kept_grad_bytes(train) + train.optimizer_bytes_per_param)
     fixed = state + _range_max(costs.peak_extra_bytes) + 2 * _range_max(costs.send_bytes)
     saved = costs.saved_cum[None, :] - costs.saved_cum[:, None]
     return fixed + train.reserve_bytes, saved

@@ -2,8 +2,9 @@
 
 Layer l lives on a different rank in each pipeline, so one flat all-reduce cannot work. The plan's
 gradient blocks each have one owner per pipeline; blocks with the same owners form one bucket,
-flattened and all-reduced (SUM) over the owners. The loss is already divided by the global token
-count, so the sum is the full-batch mean gradient.
+flattened and all-reduced (SUM) over the owners, in the dtype the plan's `grad_bytes_per_param`
+says (`Precision.reduce_dtype`; the gradients themselves stay in the parameters' dtype). The
+loss is already divided by the global token count, so the sum is the full-batch mean gradient.
 
 Overlap: during the last micro-batch's backward, a hook on every parameter counts the bucket's
 gradients as they become final; the bucket's all-reduce starts (asynchronously) when the last one
@@ -54,8 +55,8 @@ class GradSync:
     """This rank's share of the gradient reductions of a plan."""
 
     def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
-                 device: torch.device):  # fmt: skip
-        self.groups, self.device = groups, device
+                 device: torch.device, reduce_dtype: torch.dtype):  # fmt: skip
+        self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
         tied = stage.tied_weight()
         self.buckets: list[Bucket] = []
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
@@ -91,7 +92,7 @@ class GradSync:
                 self._start(bucket)
 
     def _start(self, b: Bucket) -> None:
-        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)])
+        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
         b.work = dist.all_reduce(b.flat, group=self.groups.reduce_group(b.owners), async_op=True)
 
     def sync(self, note: Callable[[str], None]) -> None:
@@ -102,10 +103,11 @@ class GradSync:
         for b in self.buckets:
             if b.work is None:
                 self._start(b)
-        tied_work = None
+        tied_work = tied_flat = None
         if self.tied is not None:
             group = self.groups.reduce_group(self.tied_holders)
-            tied_work = dist.all_reduce(grads_of([self.tied])[0], group=group, async_op=True)
+            tied_flat = grads_of([self.tied])[0].to(self.reduce_dtype)  # the grad itself if equal
+            tied_work = dist.all_reduce(tied_flat, group=group, async_op=True)
         for b in self.buckets:
             note(b.describe())
             b.work.wait()
@@ -116,6 +118,7 @@ class GradSync:
         if tied_work is not None:
             note(f"tied-weight sync with ranks {list(self.tied_holders)}")
             tied_work.wait()
+            self.tied.grad.copy_(tied_flat)
 
     def clip(self, max_norm: float, stage: StageModule) -> float:
         """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before."""

@@ -12,7 +12,10 @@ from typing import Literal
 
 from hetpp.specs.errors import SpecError
 
-DEFAULT_VERIFY_TOL = {"float32": 1e-5, "float64": 1e-10}
+DEFAULT_VERIFY_TOL = {"fp32": 1e-5, "fp64": 1e-10, "bf16": 2e-2, "fp16": 1e-2}
+"""--verify's default tolerance per executed precision (`runtime.precision.Precision.name`).
+bf16 / fp16: twice the largest drift `bench/verify_precision.py` measured over 10 steps of AdamW
+at lr 1e-3 (docs/benchmarks-runtime.md); the drift grows with lr and steps."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,8 +31,9 @@ class TrainOptions:
     `.bin` file of uint16 token ids."""
     seed: int = 0
     """Seed of the initial weights and of synthetic data (never depends on the plan)."""
-    dtype: Literal["float32", "float64"] = "float32"
-    """Weights, activations and gradients dtype."""
+    fp64: bool = False
+    """Run an fp32 plan in float64 (exactness tests); otherwise the plan's `train.precision`
+    decides the dtypes."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = 1e-3
     """Learning rate (constant)."""
@@ -46,7 +50,7 @@ class TrainOptions:
     gradient entries into lr-sized ones, so over tens of steps the two runs drift apart (measured:
     float64, lr 3e-3, 1e-14 after 10 steps, 5e-9 after 30; SGD stays at rounding level)."""
     verify_tol: float | None = None
-    """Largest allowed difference for --verify; default 1e-5 (float32) or 1e-10 (float64)."""
+    """Largest allowed difference for --verify; default per precision (`DEFAULT_VERIFY_TOL`)."""
     checkpoint_dir: str | None = None
     """Directory of plan-independent checkpoints; one is written at the end of training."""
     checkpoint_every: int = 0
@@ -71,9 +75,9 @@ class TrainOptions:
             if not ok:
                 raise SpecError(msg, field="--" + name.replace("_", "-"))
 
-    @property
-    def tolerance(self) -> float:
-        return self.verify_tol if self.verify_tol is not None else DEFAULT_VERIFY_TOL[self.dtype]
+    def tolerance(self, precision: str) -> float:
+        """--verify's tolerance for a run in `precision` (a `Precision.name`)."""
+        return self.verify_tol if self.verify_tol is not None else DEFAULT_VERIFY_TOL[precision]
 
     def to_argv(self) -> list[str]:
         """The command-line flags that reproduce these options (for the launcher's workers)."""
@@ -96,7 +100,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data", help="text file (bytes as tokens) or .bin uint16 tokens; default synthetic"
     )
     p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
-    p.add_argument("--dtype", choices=("float32", "float64"), help=f"default {d.dtype}")
+    p.add_argument(
+        "--fp64",
+        action="store_true",
+        help="run an fp32 plan in float64 (exactness tests); otherwise the plan's precision rules",
+    )
     p.add_argument("--optimizer", choices=("adamw", "sgd"), help=f"default {d.optimizer}")
     p.add_argument("--lr", type=float, help=f"learning rate (default {d.lr})")
     p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
@@ -115,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--verify-tol",
         type=float,
         metavar="T",
-        help="allowed difference (default 1e-5 float32, 1e-10 float64)",
+        help="allowed difference (default 1e-5; 1e-10 with --fp64)",
     )
     p.add_argument("--checkpoint-dir", metavar="D", help="plan-independent checkpoints go here")
     p.add_argument(

@@ -21,7 +21,7 @@ import torch
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
-from hetpp.runtime.model import StageModule, token_loss_sum
+from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import (
     clip_coefficient,
     grads_of,
@@ -30,6 +30,7 @@ from hetpp.runtime.optim import (
     squared_norm,
 )
 from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
 from hetpp.specs.plan import Plan
 
 
@@ -71,9 +72,12 @@ def train_reference(
     resume_from: str | Path | None = None,
     device: torch.device | None = None,
 ) -> ReferenceRun:
-    dtype = getattr(torch, opts.dtype)
-    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype).to(device)
+    device = device or torch.device("cpu")
+    precision = Precision.of(plan, opts.fp64)
+    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, precision.param_dtype)
+    model.to(device)
     opt = make_optimizer(model.parameters(), opts)
+    scaler = LossScaler(precision.loss_scaling)
     start = samples = 0
     if resume_from is not None:
         meta = checkpoint.load(resume_from, model, opt)
@@ -82,11 +86,18 @@ def train_reference(
     losses = []
     for _ in range(start, opts.steps):
         opt.zero_grad()
-        losses.append(_accumulate(model, plan, source, samples, device))
-        if opts.clip_grad is not None:
-            norm = math.sqrt(squared_norm(model.parameters(), device or torch.device("cpu")).item())
-            scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
-        opt.step()
+        scale = scaler.scale
+        with precision.step_region(device):
+            losses.append(_accumulate(model, plan, precision, scale, source, samples, device))
+        skip = scaler.enabled and bool(has_nonfinite(model.parameters(), device).item() > 0)
+        if not skip:
+            if scale != 1.0:
+                scale_grads(model.parameters(), 1.0 / scale)
+            if opts.clip_grad is not None:
+                norm = math.sqrt(squared_norm(model.parameters(), device).item())
+                scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
+            opt.step()
+        scaler.update(skip)
         samples += plan.global_batch
     return ReferenceRun(model, losses)
 
@@ -94,9 +105,11 @@ def train_reference(
 def _accumulate(
     model: StageModule,
     plan: Plan,
+    precision: Precision,
+    scale: float,
     source: TokenSource,
     samples: int,
-    device: torch.device | None,
+    device: torch.device,
 ) -> float:
     """Gradients of one step as the pipelines compute them (see the module docstring): each
     pipeline's micro-batches in order, then the pipelines' sums added in pipeline order. Returns
@@ -112,16 +125,20 @@ def _accumulate(
         for k in range(pipe.num_micro_batches):
             first = samples + offset + k * pipe.micro_batch_size
             inputs, targets = (t.to(device) for t in batch(source, first, pipe.micro_batch_size))
-            mb_loss = token_loss_sum(model(inputs), targets) / tokens
+            with precision.forward_region(device):
+                logits = model(inputs)
+            mb_loss = scaled_loss(logits, targets, tokens, scale)
             mb_loss.backward()
             pipe_loss += mb_loss.item()
         loss += pipe_loss
-        grads = [g.detach().clone() for g in grads_of(params)]
+        # With several pipelines, each one's gradients cross the wire in the reduce dtype.
+        wire = precision.reduce_dtype if len(plan.pipelines) > 1 else precision.param_dtype
+        grads = [g.detach().to(wire, copy=True) for g in grads_of(params)]
         total = grads if total is None else [t.add_(g) for t, g in zip(total, grads)]
     assert total is not None  # a plan has at least one pipeline
     for p, g in zip(params, total):
-        p.grad = g
-    return loss
+        p.grad = g.to(precision.param_dtype)
+    return loss / scale
 
 
 def stage_parameters(stage: StageModule) -> dict[tuple[int, str], torch.Tensor]:

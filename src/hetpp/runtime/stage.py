@@ -15,6 +15,7 @@ harness, not a model of a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ class TimedStage(PipelineStage):
         *args: Any,
         slowdown: float = 1.0,
         before_last_backward: Callable[[], None] | None = None,
+        forward_region: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -38,6 +40,8 @@ class TimedStage(PipelineStage):
         """Emulated slowdown factor (1: run at the speed of this machine)."""
         self.before_last_backward = before_last_backward
         """Called when the schedule starts the step's last backward (gradients become final)."""
+        self.forward_region = forward_region
+        """Entered around each micro-batch's forward (autocast in mixed precision)."""
         self.compute_s = 0.0
         """Seconds of (stretched) forward and backward compute since the last reset."""
 
@@ -56,7 +60,8 @@ class TimedStage(PipelineStage):
         return out
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
+        with self.forward_region():
+            return self._timed(super().forward_one_chunk, *args, **kwargs)
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("last_backward") and self.before_last_backward is not None:

@@ -23,9 +23,11 @@ from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, RankMap, Role
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
-from hetpp.runtime.model import StageModule, token_loss_sum
-from hetpp.runtime.optim import make_optimizer
+from hetpp.runtime.model import StageModule
+from hetpp.runtime.optim import make_optimizer, scale_grads
 from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
+from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
@@ -122,12 +124,18 @@ class RankTrainer:
         self.pipe = plan.pipelines[role.pipeline]
         activity("creating process groups")
         groups = Groups(ranks, self.rank, opts.timeout_s)
-        self.stage = StageModule(plan.model, *role.layers, opts.seed, getattr(torch, opts.dtype))
+        self.precision = Precision.of(plan, opts.fp64)
+        self.scaler = LossScaler(self.precision.loss_scaling)
+        self.stage = StageModule(plan.model, *role.layers, opts.seed, self.precision.param_dtype)
+        stage_plan = self.pipe.stages[role.stage]
+        self.recomputed = recompute_blocks(self.stage) if stage_plan.recomputes(plan.train) else []
         self.stage.to(device)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
-        self.sync = GradSync(ranks, self.rank, self.stage, groups, device)
+        self.sync = GradSync(
+            ranks, self.rank, self.stage, groups, device, self.precision.reduce_dtype
+        )
         self.pstage = TimedStage(
             self.stage,
             role.stage,
@@ -136,12 +144,13 @@ class RankTrainer:
             group=groups.pipeline,
             slowdown=_slowdown(plan, role, opts),
             before_last_backward=self.sync.arm,
+            forward_region=lambda: self.precision.forward_region(device),
         )
         tokens = plan.global_batch * plan.seq_len
         self.schedule = (Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe)(
             self.pstage,
             self.pipe.num_micro_batches,
-            loss_fn=lambda out, tgt: token_loss_sum(out, tgt) / tokens,
+            loss_fn=lambda out, tgt: scaled_loss(out, tgt, tokens, self.scaler.scale),
             scale_grads=False,  # the loss is already divided by the global token count
         )
         self.source = make_source(opts.data, plan, opts.seed)
@@ -195,20 +204,36 @@ class RankTrainer:
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
         self.note(f"step {step}: {self.where}")
-        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        with self.precision.step_region(self.device):
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
+        scale, skip = self.scaler.scale, self.overflowed(step)
         norm = None
-        if self.opts.clip_grad is not None:
+        if not skip and scale != 1.0:
+            scale_grads(self.stage.parameters(), 1.0 / scale)
+        if not skip and self.opts.clip_grad is not None:
             self.note(f"step {step}: gradient-norm all-reduce over all ranks")
             norm = self.sync.clip(self.opts.clip_grad, self.stage)
         t_comm = time.perf_counter()
-        self.opt.step()
+        if not skip:
+            self.opt.step()
+        self.scaler.update(skip)
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
         compute = self.pstage.compute_s
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
-        return times, sum(float(x.detach()) for x in losses or ()), norm
+        return times, sum(float(x.detach()) for x in losses or ()) / scale, norm
+
+    def overflowed(self, step: int) -> bool:
+        """fp16: whether any rank's gradients hold an inf or NaN (one all-reduce, so that every
+        rank skips the same steps); always False without loss scaling."""
+        if not self.scaler.enabled:
+            return False
+        self.note(f"step {step}: inf/NaN check all-reduce over all ranks")
+        flag = has_nonfinite(self.stage.parameters(), self.device)
+        dist.all_reduce(flag)
+        return bool(flag.item() > 0)
 
     def save_checkpoint(self, step: int) -> None:
         self.note(f"step {step}: writing the checkpoint")
@@ -233,7 +258,9 @@ class RankTrainer:
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)
-        report = compare(ref, gathered, [r.loss for r in records], self.opts.tolerance)
+        report = compare(
+            ref, gathered, [r.loss for r in records], self.opts.tolerance(self.precision.name)
+        )
         print(report, flush=True)
         return report
 
