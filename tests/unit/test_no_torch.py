@@ -13,6 +13,12 @@ PURE = [
     "hetpp.sim",
     "hetpp.report.tables",
     "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
+    # The launcher's side of the runtime: `hetpp train` checks and starts ranks without torch.
+    "hetpp.runtime.options",
+    "hetpp.runtime.env",
+    "hetpp.runtime.launch",
+    "hetpp.runtime.contract",
+    "hetpp.runtime.metrics",
 ]
 
 

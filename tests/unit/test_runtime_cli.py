@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetpp.cli.main import main
+from hetpp.runtime.contract import describe
 from hetpp.specs import PRESETS, PipelinePlan, Plan, StagePlan
 
 
@@ -31,6 +32,42 @@ def plan_file(tmp_path):
 def test_train_refuses_bad_input(plan_file, extra, words, capsys):
     assert main(["train", "--plan", plan_file, *extra]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("train", "extra", "words"),
+    [
+        ({"grad_bytes_per_param": 3}, [], "train.grad_bytes_per_param: 3: the runtime all-reduces"),
+        ({"precision": "bf16"}, ["--fp64"], "train.precision: --fp64 runs an fp32 plan"),
+    ],
+)
+def test_train_refuses_a_plan_it_cannot_execute(tmp_path, train, extra, words, capsys):
+    pipe = PipelinePlan(
+        stages=(StagePlan(devices=(0,), layers=(0, 6)),), micro_batch_size=1, num_micro_batches=2
+    )
+    path = tmp_path / "plan.json"
+    Plan(global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"], **train).save(
+        path
+    )
+    # Refused in the launcher, before any rank process exists: one line naming file and field.
+    assert main(["train", "--plan", str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(path) in err and len(err.strip().splitlines()) == 1
+
+
+def test_rank_0_says_what_it_executes():
+    stages = (
+        StagePlan(devices=(1,), layers=(0, 2), recompute=True),
+        StagePlan(devices=(0,), layers=(2, 6)),
+    )
+    pipe = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=2)
+    plan = Plan(global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"])
+    assert describe(plan, "bf16: how") == [
+        "hetpp train: tiny-gpt, 2 ranks, schedule 1f1b",
+        "  precision bf16: how",
+        "  pipeline 0: devices [1, 0], layers [0, 2), [2, 6), batch 2 (2 x 1), "
+        "recompute stages [0]",
+    ]
 
 
 def test_train_names_a_missing_plan(tmp_path, capsys):

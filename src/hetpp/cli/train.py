@@ -34,11 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetpp.runtime.contract import check_executable
     from hetpp.runtime.launch import launch
     from hetpp.specs.plan import load_plan
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
+    try:
+        check_executable(plan, opts.fp64)
+    except SpecError as e:
+        raise e.in_file(opts.plan) from None
     # Checked here so a bad input gives one message, not one per rank.
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hetpp.runtime.contract import check_executable
 from hetpp.runtime.model import token_loss_sum
-from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -45,22 +45,12 @@ class Precision:
 
     @classmethod
     def of(cls, plan: Plan, fp64: bool = False) -> Precision:
-        name, grad_bytes = plan.train.precision, plan.train.grad_bytes_per_param
+        """The dtypes of a plan that `contract.check_executable` accepted."""
+        check_executable(plan, fp64)
         if fp64:
-            if name != "fp32":
-                raise SpecError(
-                    f"--fp64 runs an fp32 plan in float64; this plan is {name}",
-                    field="train.precision",
-                )
             return cls("fp64", torch.float64, None, torch.float64)
-        if grad_bytes not in (2, 4):
-            raise SpecError(
-                f"{grad_bytes}: the runtime all-reduces gradients in 2 (bf16/fp16) or 4 (fp32) "
-                "bytes",
-                field="train.grad_bytes_per_param",
-            )
-        half = HALF.get(name)
-        reduce = torch.float32 if grad_bytes == 4 else (half or torch.bfloat16)
+        name, half = plan.train.precision, HALF.get(plan.train.precision)
+        reduce = torch.float32 if plan.train.grad_bytes_per_param == 4 else half or torch.bfloat16
         return cls(name, torch.float32, half, reduce)
 
     @property

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from hetpp.runtime import checkpoint
+from hetpp.runtime.contract import check_executable, describe
 from hetpp.runtime.data import batch, make_source, pipeline_slices
 from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
@@ -89,6 +90,7 @@ def _resume(
 
 def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> RunResult:
     """Train this rank's part of the plan; collective over all `plan.num_devices` ranks."""
+    check_executable(plan, opts.fp64)
     if env.world_size != plan.num_devices:
         raise SpecError(
             f"the plan uses {plan.num_devices} devices but {env.world_size} ranks were started",
@@ -165,7 +167,7 @@ class RankTrainer:
         opts, plan = self.opts, self.plan
         log = MetricsLog(opts.metrics, append=self.start > 0) if self.rank == 0 else None
         if log is not None:
-            _announce(plan, opts, self.ranks, self.start, self.resumed_from)
+            _announce(plan, opts, self.ranks, self.precision, self.start, self.resumed_from)
         for step in range(self.start + 1, opts.steps + 1):
             times, loss, norm = self.step(step)
             self.note(f"step {step}: metrics all-reduce over all ranks")
@@ -266,17 +268,14 @@ class RankTrainer:
 
 
 def _announce(
-    plan: Plan, opts: TrainOptions, ranks: RankMap, start: int, resumed_from: Path | None
+    plan: Plan,
+    opts: TrainOptions,
+    ranks: RankMap,
+    precision: Precision,
+    start: int,
+    resumed_from: Path | None,
 ) -> None:
-    shapes = "; ".join(
-        f"pipeline {p}: {len(pipe.stages)} stage(s) on devices {pipe.devices}, batch {pipe.batch} "
-        f"({pipe.num_micro_batches} x {pipe.micro_batch_size})"
-        for p, pipe in enumerate(plan.pipelines)
-    )
-    print(
-        f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, {plan.schedule}; {shapes}",
-        flush=True,
-    )
+    print("\n".join(describe(plan, precision.describe())), flush=True)
     if resumed_from is not None:
         print(f"resumed from {resumed_from} at step {start}", flush=True)
     if opts.emulate and plan.cluster is not None:
