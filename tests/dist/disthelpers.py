@@ -60,6 +60,7 @@ def make_plan(
     schedule: str = "1f1b",
     seq_len: int = 16,
     precision: str = "fp32",
+    cluster_devices: int = 8,
 ) -> Plan:
     return Plan(
         global_batch=sum(p.batch for p in pipelines),
@@ -68,7 +69,7 @@ def make_plan(
         precision=precision,
         pipelines=tuple(pipelines),
         model=PRESETS[model],
-        cluster=cluster(),
+        cluster=cluster(cluster_devices),
     ).validate_plan()
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import tempfile
 from pathlib import Path
 
 from hetpp.runtime.options import add_arguments, from_args
@@ -49,4 +52,25 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
     if opts.data is not None and not Path(opts.data).is_file():
         raise SpecError("file not found", file=opts.data, field="--data")
-    return launch(opts, plan.num_devices)
+    if not opts.memory_report:
+        return launch(opts, plan.num_devices)
+    if plan.cluster is None:
+        raise SpecError("--memory-report needs the plan's cluster (the `cluster` key)",
+                        file=opts.plan)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = opts.metrics or str(Path(tmp) / "metrics.jsonl")
+        code = launch(dataclasses.replace(opts, metrics=metrics), plan.num_devices)
+        if code == 0:
+            _memory_report(plan, Path(metrics))
+    return code
+
+
+def _memory_report(plan, metrics: Path) -> None:
+    """Prints predicted vs measured per rank and puts the prediction into the memory records."""
+    from hetpp.report.memory import memory_rows, print_memory_report
+    from hetpp.runtime.metrics import load_records
+
+    steps = [line for line in metrics.read_text().splitlines() if '"kind":' not in line]
+    rows = memory_rows(plan, load_records(metrics, "memory"))
+    print_memory_report(rows)
+    metrics.write_text("".join(line + "\n" for line in steps + [json.dumps(r) for r in rows]))

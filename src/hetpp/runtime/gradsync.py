@@ -7,10 +7,11 @@ says (`Precision.reduce_dtype`; the gradients themselves stay in the parameters'
 loss is already divided by the global token count, so the sum is the full-batch mean gradient.
 
 Overlap: during the last micro-batch's backward, a hook on every parameter counts the bucket's
-gradients as they become final; the bucket's all-reduce starts (asynchronously) when the last one
-does. Backward finishes the later layers first, so a rank starts its buckets in `grad_buckets`
-order (latest layers first), the one order every rank and the simulator use, which keeps the
-collectives deadlock-free.
+gradients as they become final; the bucket's all-reduce starts (asynchronously) once it and every
+bucket before it in `grad_buckets` order (latest layers first, as backward finishes them) are
+complete. Every rank issues its buckets in that one global order, the simulator's too: ranks
+that share two reduce groups then never wait on each other's collectives in opposite orders (on
+NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
 
 A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
 of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
@@ -74,22 +75,30 @@ class GradSync:
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
-        self.armed = False
+        self.armed, self.issued = False, 0
+        """Whether this step's last backward runs; how many buckets it has started."""
         for bucket in self.buckets:
             for p in bucket.params:
                 p.register_post_accumulate_grad_hook(lambda _, b=bucket: self._arrived(b))
 
     def arm(self) -> None:
         """Called just before this step's last backward: from now on, gradients are final."""
-        self.armed = True
+        self.armed, self.issued = True, 0
         for b in self.buckets:
             b.waiting, b.flat, b.work = len(b.params), None, None
 
     def _arrived(self, bucket: Bucket) -> None:
         if self.armed:
             bucket.waiting -= 1
-            if bucket.waiting == 0:
-                self._start(bucket)
+            self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        """Start the complete buckets, strictly in `grad_buckets` order: a bucket that merges
+        blocks far apart can complete after a later one, and NCCL collectives on overlapping
+        groups issued in different orders on different ranks can deadlock."""
+        while self.issued < len(self.buckets) and self.buckets[self.issued].waiting == 0:
+            self._start(self.buckets[self.issued])
+            self.issued += 1
 
     def _start(self, b: Bucket) -> None:
         b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
@@ -100,9 +109,8 @@ class GradSync:
         with a parameter that got no gradient), then wait for all and copy the sums back. `note`
         is told which reduction is being waited for (failure messages name it)."""
         self.armed = False
-        for b in self.buckets:
-            if b.work is None:
-                self._start(b)
+        for b in self.buckets[self.issued :]:
+            self._start(b)
         tied_work = tied_flat = None
         if self.tied is not None:
             group = self.groups.reduce_group(self.tied_holders)

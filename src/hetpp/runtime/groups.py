@@ -93,6 +93,25 @@ class RankMap:
         return self.roles[rank]
 
 
+def plan_rank(plan: Plan, rank: int, world_size: int) -> int | None:
+    """The rank a started process plays in the plan's numbering, or None when it has nothing to
+    do. Two ways to start a plan: `world_size` = the plan's devices (rank r plays the plan's r-th
+    device by id, as `hetpp train` starts them), or = the cluster's devices (rank r is cluster
+    device r, as `torchrun --nproc-per-node` per node in cluster-file order starts them; a
+    device the plan leaves unused gets None)."""
+    devices = sorted(s.device for p in plan.pipelines for s in p.stages)
+    if world_size == len(devices):
+        return rank
+    if plan.cluster is not None and world_size == plan.cluster.num_devices:
+        return devices.index(rank) if rank in devices else None
+    cluster = f" or the cluster's {plan.cluster.num_devices}" if plan.cluster else ""
+    raise SpecError(
+        f"the plan uses {len(devices)} devices but {world_size} ranks were started "
+        f"(start the plan's {len(devices)}{cluster})",
+        field="pipelines",
+    )
+
+
 class Groups:
     """Every process group the plan needs: pipelines (stage order) and reduction sets.
 

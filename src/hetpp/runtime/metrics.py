@@ -104,8 +104,12 @@ class MetricsLog:
 
     def add(self, m: StepMetrics) -> None:
         self.records.append(m)
+        self.write(asdict(m))
+
+    def write(self, record: dict[str, Any]) -> None:
+        """One line as it is (steps have no "kind"; other records say theirs, e.g. "memory")."""
         if self._file is not None:
-            self._file.write(json.dumps(asdict(m)) + "\n")
+            self._file.write(json.dumps(record) + "\n")
             self._file.flush()
 
     def close(self) -> None:
@@ -121,8 +125,15 @@ def parse_record(line: str) -> StepMetrics:
 
 
 def load_metrics(path: str | Path) -> list[StepMetrics]:
-    """Read a metrics JSONL file back."""
-    return [parse_record(line) for line in Path(path).read_text().splitlines()]
+    """Read a metrics JSONL file's step records back (records of another kind are skipped)."""
+    lines = Path(path).read_text().splitlines()
+    return [parse_record(line) for line in lines if '"kind":' not in line]
+
+
+def load_records(path: str | Path, kind: str) -> list[dict[str, Any]]:
+    """A metrics JSONL file's records of one kind (e.g. "memory")."""
+    records = (json.loads(line) for line in Path(path).read_text().splitlines())
+    return [r for r in records if r.get("kind") == kind]
 
 
 def print_summary(records: list[StepMetrics], devices: list[int]) -> None:

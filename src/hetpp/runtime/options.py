@@ -59,6 +59,9 @@ class TrainOptions:
     """Start from the newest complete checkpoint in --checkpoint-dir (any plan, any rank count)."""
     metrics: str | None = None
     """Write one JSON object per step to this file (rank 0)."""
+    memory_report: bool = False
+    """Measure what each rank keeps (model states, activations saved for backward) and set it
+    beside the cost model's prediction; `{"kind": "memory", ...}` records go to --metrics."""
     timeout_s: float = 300.0
     """Collective/P2P timeout: a rank whose peer died or hangs stops after at most this long."""
 
@@ -138,6 +141,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the newest complete checkpoint in --checkpoint-dir",
     )
     p.add_argument("--metrics", metavar="F.jsonl", help="write per-step metrics here")
+    p.add_argument(
+        "--memory-report",
+        action="store_true",
+        help="measure each rank's memory and print it beside the cost model's prediction",
+    )
     p.add_argument(
         "--timeout-s",
         type=float,

@@ -1,17 +1,18 @@
 """How a rank executes the plan's `train.precision`: dtypes, autocast regions and fp16 loss scaling.
 
 bf16 / fp16 are mixed precision: parameters stay float32 (they are the master weights the
-optimizer updates), forward runs under `torch.autocast` in the half type, and gradients, their
-block-wise all-reduces and the optimizer states stay float32. fp32 runs in float32 throughout;
-`--fp64` runs an fp32 plan in float64, for exactness tests only.
+optimizer updates), forward runs under `torch.autocast` in the half type, gradients and optimizer
+states stay float32, and the gradient all-reduces send what `train.grad_bytes_per_param` says.
+fp32 runs in float32 throughout; `--fp64` runs an fp32 plan in float64, for exactness tests only.
 
 Autocast casts each weight to the half type once per step, not once per micro-batch: every
-micro-batch's forward opens its own `torch.autocast` region (so backward, which the schedule runs
-outside them, is not autocast), while `step_region` keeps one disabled autocast region open over
-the whole schedule step. Autocast clears its cast cache only when its outermost region exits, so
-the half-precision weight copies are made by the first micro-batch, shared by the others and
-dropped after the step: 2 bytes per parameter during the step, the `weights` term the cost model
-charges for bf16 (docs/architecture.md, "Memory accounting").
+forward of the stage module opens its own `torch.autocast` region (`autocast_forward`; so
+backward, which the schedule runs outside them, is not autocast), while `step_region` keeps one
+disabled autocast region open over the whole schedule step. Autocast clears its cast cache only
+when its outermost region exits, so the half-precision weight copies are made by the first
+micro-batch, shared by the others and dropped after the step: 2 bytes per parameter during the
+step, the `weights` term the cost model charges for bf16 (docs/architecture.md, "Memory
+accounting").
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,6 +82,19 @@ class Precision:
         if self.compute_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.compute_dtype)
+
+    def autocast_forward(self, module: torch.nn.Module, device: torch.device) -> None:
+        """Run every forward of `module` in `forward_region`: the schedule's micro-batches and
+        its first-step shape inference alike (wrapped in place, as `recompute_blocks` does)."""
+        if self.compute_dtype is None:
+            return
+        forward = module.forward
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self.forward_region(device):
+                return forward(*args, **kwargs)
+
+        module.forward = run
 
 
 def _short(dtype: torch.dtype) -> str:

@@ -6,6 +6,8 @@ Started once per plan device, by `torchrun -m hetpp.train` or by `hetpp train`'s
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -22,7 +24,8 @@ from hetpp.runtime.contract import check_executable, describe
 from hetpp.runtime.data import batch, make_source, pipeline_slices
 from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
-from hetpp.runtime.groups import Groups, RankMap, Role
+from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
+from hetpp.runtime.memory import MemoryProbe
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import make_optimizer, scale_grads
@@ -91,11 +94,12 @@ def _resume(
 def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> RunResult:
     """Train this rank's part of the plan; collective over all `plan.num_devices` ranks."""
     check_executable(plan, opts.fp64)
-    if env.world_size != plan.num_devices:
-        raise SpecError(
-            f"the plan uses {plan.num_devices} devices but {env.world_size} ranks were started",
-            field="pipelines",
-        )
+    rank = plan_rank(plan, env.rank, env.world_size)
+    if rank is None:
+        print(f"hetpp rank {env.rank}: device {env.rank} is not in the plan; exiting", flush=True)
+        return RunResult([], None)
+    # The plan's ranks form the process group; a rank started for an unused device never joins.
+    env = dataclasses.replace(env, rank=rank, world_size=plan.num_devices)
     device, backend = _device(env)
     activity("joining the process group")
     dist.init_process_group(
@@ -129,9 +133,11 @@ class RankTrainer:
         self.precision = Precision.of(plan, opts.fp64)
         self.scaler = LossScaler(self.precision.loss_scaling)
         self.stage = StageModule(plan.model, *role.layers, opts.seed, self.precision.param_dtype)
-        stage_plan = self.pipe.stages[role.stage]
-        self.recomputed = recompute_blocks(self.stage) if stage_plan.recomputes(plan.train) else []
         self.stage.to(device)
+        self.precision.autocast_forward(self.stage, device)
+        self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
+        if self.pipe.stages[role.stage].recomputes(plan.train):
+            recompute_blocks(self.stage, self.probe.meter if self.probe else None)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
@@ -146,7 +152,6 @@ class RankTrainer:
             group=groups.pipeline,
             slowdown=_slowdown(plan, role, opts),
             before_last_backward=self.sync.arm,
-            forward_region=lambda: self.precision.forward_region(device),
         )
         tokens = plan.global_batch * plan.seq_len
         self.schedule = (Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe)(
@@ -183,6 +188,9 @@ class RankTrainer:
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
                 self.save_checkpoint(step)
         records = log.records if log is not None else []
+        if self.probe is not None:
+            self.note("gathering memory measurements")
+            self.report_memory(log)
         if log is not None:
             log.close()
             if records:
@@ -198,16 +206,18 @@ class RankTrainer:
         gradient norm before clipping)."""
         t0 = time.perf_counter()
         self.opt.zero_grad()
-        self.pstage.compute_s = 0.0
         args, target, losses = (), None, None
         if self.first or self.last:
             inputs, targets = batch(self.source, self.samples + self.offset, self.pipe.batch)
             args = (inputs.to(self.device),) if self.first else ()
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
+        if self.probe is not None and step == self.start + 2:
+            self.probe.reset()  # steady state: step 1 also runs the schedule's shape inference
         self.note(f"step {step}: {self.where}")
-        with self.precision.step_region(self.device):
+        with self.precision.step_region(self.device), self.probe_region():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        compute = self.pstage.take_compute_s()
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
         scale, skip = self.scaler.scale, self.overflowed(step)
@@ -223,9 +233,20 @@ class RankTrainer:
         self.scaler.update(skip)
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
-        compute = self.pstage.compute_s
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
         return times, sum(float(x.detach()) for x in losses or ()) / scale, norm
+
+    def probe_region(self) -> contextlib.AbstractContextManager:
+        return self.probe.region() if self.probe is not None else contextlib.nullcontext()
+
+    def report_memory(self, log: MetricsLog | None) -> None:
+        """Every rank's measured memory, gathered to rank 0 and written to --metrics (the CLI
+        sets the cost model's prediction beside it)."""
+        mine = self.probe.record(self.rank, self.role.device, self.stage, self.opt)
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        for record in gathered or ():
+            log.write(record)
 
     def overflowed(self, step: int) -> bool:
         """fp16: whether any rank's gradients hold an inf or NaN (one all-reduce, so that every
