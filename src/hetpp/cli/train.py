@@ -15,11 +15,13 @@ EXAMPLES = """examples:
   hetpp train --plan plan.json --steps 20 --metrics run.jsonl
   hetpp train --plan plan.json --emulate --verify            # CPU box posing as the plan's cluster
   hetpp train --plan plan.json --checkpoint-dir ckpt --resume --steps 100
+  hetpp train --plan plan.json --steps 3 --memory-report   # predicted vs measured per rank
 
-several nodes: run on each node (same plan file; rank r plays the plan's r-th device by id)
+several nodes: on each node, the command `hetpp plan` printed for it (same plan file)
   torchrun --nnodes 2 --node-rank K --nproc-per-node 4 --master-addr HOST --master-port 29500 \\
       -m hetpp.train --plan plan.json --steps 20
-  (node K in cluster-file order: a static rank order keeps rank r on the plan's device r)
+  (node K in cluster-file order, one process per GPU the file gives it: rank r is cluster device
+  r; ranks of devices the plan leaves unused exit at once)
 """
 
 
