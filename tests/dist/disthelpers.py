@@ -27,18 +27,12 @@ from hetpp.specs.plan import load_plan
 TIMEOUT_S = 60.0
 
 
-def cluster(num_devices: int = 8) -> Cluster:
-    """`num_devices` A100s on two nodes."""
+def cluster(num_devices: int = 8, slow: str | None = None) -> Cluster:
+    """`num_devices` A100s on two nodes; with `slow`, the second node has that GPU type."""
     per_node = (num_devices + 1) // 2
-    return Cluster.model_validate(
-        {
-            "name": "test",
-            "nodes": [
-                {"gpu": "A100-80GB", "gpus_per_node": per_node, "count": 2, "intra_node_GBps": 300}
-            ],
-            "inter_node_GBps": 25,
-        }
-    )
+    node = {"gpu": "A100-80GB", "gpus_per_node": per_node, "intra_node_GBps": 300}
+    nodes = [{**node, "count": 2}] if slow is None else [node, {**node, "gpu": slow}]
+    return Cluster.model_validate({"name": "test", "nodes": nodes, "inter_node_GBps": 25})
 
 
 def pipeline(
@@ -61,6 +55,7 @@ def make_plan(
     seq_len: int = 16,
     precision: str = "fp32",
     cluster_devices: int = 8,
+    slow_gpu: str | None = None,
 ) -> Plan:
     return Plan(
         global_batch=sum(p.batch for p in pipelines),
@@ -69,7 +64,7 @@ def make_plan(
         precision=precision,
         pipelines=tuple(pipelines),
         model=PRESETS[model],
-        cluster=cluster(cluster_devices),
+        cluster=cluster(cluster_devices, slow_gpu),
     ).validate_plan()
 
 

@@ -66,8 +66,9 @@ CASES = {
         "1f1b",
         {"optimizer": "sgd", "lr": 0.1, "clip_grad": 0.05},
     ),
-    # Recomputation on some stages and not others (r: on, n: off).
-    "llama-3pipes-2+1+2-bf16-clip-recompute": (
+    # Recomputation on some stages and not others (r: on, n: off), emulated: devices 4-7 are
+    # V100s, which run slower (`slow_gpu`).
+    "llama-3pipes-2+1+2-bf16-clip-recompute-emulated": (
         "tiny-llama",
         [
             pipeline([0, 1], [0, 3, 6], 1, 4, recompute="rn"),
@@ -75,7 +76,7 @@ CASES = {
             pipeline([3, 4], [0, 2, 6], 2, 2, recompute="nr"),
         ],
         "1f1b",
-        {"precision": "bf16", "clip_grad": 0.05},
+        {"precision": "bf16", "clip_grad": 0.05, "emulate": True, "slow_gpu": "V100-32GB"},
     ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
@@ -90,7 +91,13 @@ CASES = {
 def test_pipelined_matches_single_process(case, tmp_path):
     model, pipes, schedule, opts = CASES[case]
     opts = dict(opts)
-    plan = make_plan(model, pipes, schedule, precision=opts.pop("precision", "fp32"))
+    plan = make_plan(
+        model,
+        pipes,
+        schedule,
+        precision=opts.pop("precision", "fp32"),
+        slow_gpu=opts.pop("slow_gpu", None),
+    )
     results = train(plan, tmp_path, steps=3, verify=True, **opts)
     report = results[0].verify
     assert report is not None and all(r.verify is None for r in results[1:])

@@ -79,3 +79,29 @@ def test_profile_refuses_a_sequence_longer_than_the_model(tmp_path, capsys):
     argv = ["profile", "--model", "tiny-gpt", "--seq-len", "4096", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     assert "--seq-len: must be in 1..128" in capsys.readouterr().err
+
+
+def test_precision_says_what_it_runs():
+    from hetpp.runtime.precision import Precision
+
+    pipe = PipelinePlan(
+        stages=(StagePlan(devices=(0,), layers=(0, 6)),), micro_batch_size=1, num_micro_batches=2
+    )
+
+    def plan(**train):
+        return Plan(
+            global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"], **train
+        )
+
+    assert Precision.of(plan()).describe() == (
+        "bf16: torch.autocast(bfloat16) forward, float32 master weights and gradients, "
+        "bfloat16 gradient all-reduces"
+    )
+    assert (
+        Precision.of(plan(precision="fp16", grad_bytes_per_param=4))
+        .describe()
+        .endswith("float32 gradient all-reduces, dynamic loss scaling (global inf/NaN check)")
+    )
+    assert Precision.of(plan(precision="fp32"), fp64=True).describe() == (
+        "fp64: weights, activations and gradients in float64, float64 gradient all-reduces"
+    )

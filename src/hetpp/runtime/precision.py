@@ -61,14 +61,15 @@ class Precision:
         return self.compute_dtype is torch.float16
 
     def describe(self) -> str:
+        """How this precision runs, for rank 0's start-up lines."""
+        reduce = f"{_short(self.reduce_dtype)} gradient all-reduces"
         if self.compute_dtype is None:
-            return (
-                f"{self.name}: parameters, activations and gradients in {_short(self.param_dtype)}"
-            )
+            dtype = _short(self.param_dtype)
+            return f"{self.name}: weights, activations and gradients in {dtype}, {reduce}"
         scaling = ", dynamic loss scaling (global inf/NaN check)" if self.loss_scaling else ""
         return (
-            f"{self.name}: torch.autocast({_short(self.compute_dtype)}) forward, fp32 master "
-            f"weights, fp32 gradients and block-wise all-reduces{scaling}"
+            f"{self.name}: torch.autocast({_short(self.compute_dtype)}) forward, float32 master "
+            f"weights and gradients, {reduce}{scaling}"
         )
 
     def step_region(self, device: torch.device) -> contextlib.AbstractContextManager:
