@@ -6,7 +6,7 @@ states stay float32, and the gradient all-reduces send what `train.grad_bytes_pe
 fp32 runs in float32 throughout; `--fp64` runs an fp32 plan in float64, for exactness tests only.
 
 Autocast casts each weight to the half type once per step, not once per micro-batch: every
-forward of the stage module opens its own `torch.autocast` region (`autocast_forward`; so
+forward of the stage module opens its own `torch.autocast` region (`prepare`; so
 backward, which the schedule runs outside them, is not autocast), while `step_region` keeps one
 disabled autocast region open over the whole schedule step. Autocast clears its cast cache only
 when its outermost region exits, so the half-precision weight copies are made by the first
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from hetpp.runtime.contract import check_executable
-from hetpp.runtime.model import token_loss_sum
+from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.specs.plan import Plan
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -84,18 +84,27 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=self.compute_dtype)
 
-    def autocast_forward(self, module: torch.nn.Module, device: torch.device) -> None:
-        """Run every forward of `module` in `forward_region`: the schedule's micro-batches and
-        its first-step shape inference alike (wrapped in place, as `recompute_blocks` does)."""
+    def prepare(self, stage: StageModule, device: torch.device) -> None:
+        """Make `stage` run in this precision (wrapped in place, as `recompute_blocks` does):
+        every forward in `forward_region` (the schedule's micro-batches and its first-step shape
+        inference alike), and the embedding's output in the half type, so the residual stream,
+        its saved activations and the activations sent between stages are half precision, as the
+        cost model charges them (autocast alone would keep them float32: the embedding's output
+        is float32, and a half-precision branch added to it is too)."""
         if self.compute_dtype is None:
             return
-        forward = module.forward
+        half = self.compute_dtype
+        if stage.start == 0:
+            embed = stage.layer(0)
+            embed_forward = embed.forward
+            embed.forward = lambda tokens: embed_forward(tokens).to(half)
+        forward = stage.forward
 
         def run(*args: Any, **kwargs: Any) -> Any:
             with self.forward_region(device):
                 return forward(*args, **kwargs)
 
-        module.forward = run
+        stage.forward = run
 
 
 def _short(dtype: torch.dtype) -> str:

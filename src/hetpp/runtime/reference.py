@@ -76,6 +76,7 @@ def train_reference(
     precision = Precision.of(plan, opts.fp64)
     model = StageModule(plan.model, 0, plan.num_layers, opts.seed, precision.param_dtype)
     model.to(device)
+    precision.prepare(model, device)
     opt = make_optimizer(model.parameters(), opts)
     scaler = LossScaler(precision.loss_scaling)
     start = samples = 0
@@ -125,9 +126,7 @@ def _accumulate(
         for k in range(pipe.num_micro_batches):
             first = samples + offset + k * pipe.micro_batch_size
             inputs, targets = (t.to(device) for t in batch(source, first, pipe.micro_batch_size))
-            with precision.forward_region(device):
-                logits = model(inputs)
-            mb_loss = scaled_loss(logits, targets, tokens, scale)
+            mb_loss = scaled_loss(model(inputs), targets, tokens, scale)
             mb_loss.backward()
             pipe_loss += mb_loss.item()
         loss += pipe_loss

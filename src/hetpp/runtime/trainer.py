@@ -134,7 +134,7 @@ class RankTrainer:
         self.scaler = LossScaler(self.precision.loss_scaling)
         self.stage = StageModule(plan.model, *role.layers, opts.seed, self.precision.param_dtype)
         self.stage.to(device)
-        self.precision.autocast_forward(self.stage, device)
+        self.precision.prepare(self.stage, device)
         self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
         if self.pipe.stages[role.stage].recomputes(plan.train):
             recompute_blocks(self.stage, self.probe.meter if self.probe else None)
