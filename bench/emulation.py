@@ -59,6 +59,7 @@ def plan(model: str, seq_len: int, mbs: int, micro_batches: tuple[int, int]) -> 
     return Plan(
         global_batch=mbs * sum(micro_batches),
         seq_len=seq_len,
+        precision="fp32",
         pipelines=pipes,
         model=c,
         cluster=cluster(),

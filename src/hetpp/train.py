@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        from hetpp.runtime.trainer import DistEnv
+        from hetpp.runtime.env import DistEnv
         from hetpp.runtime.trainer import main as run_rank
 
         return run_rank(from_args(args), DistEnv.from_environ())

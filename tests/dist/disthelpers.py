@@ -19,45 +19,52 @@ import torch
 
 from hetpp.runtime.launch import free_port
 from hetpp.runtime.options import TrainOptions
-from hetpp.runtime.trainer import Activity, DistEnv, RunResult, run
+from hetpp.runtime.env import DistEnv
+from hetpp.runtime.trainer import Activity, RunResult, run
 from hetpp.specs import PRESETS, Cluster, PipelinePlan, Plan, StagePlan
 from hetpp.specs.plan import load_plan
 
 TIMEOUT_S = 60.0
 
 
-def cluster(num_devices: int = 8) -> Cluster:
-    """`num_devices` A100s on two nodes."""
+def cluster(num_devices: int = 8, slow: str | None = None) -> Cluster:
+    """`num_devices` A100s on two nodes; with `slow`, the second node has that GPU type."""
     per_node = (num_devices + 1) // 2
-    return Cluster.model_validate(
-        {
-            "name": "test",
-            "nodes": [
-                {"gpu": "A100-80GB", "gpus_per_node": per_node, "count": 2, "intra_node_GBps": 300}
-            ],
-            "inter_node_GBps": 25,
-        }
-    )
+    node = {"gpu": "A100-80GB", "gpus_per_node": per_node, "intra_node_GBps": 300}
+    nodes = [{**node, "count": 2}] if slow is None else [node, {**node, "gpu": slow}]
+    return Cluster.model_validate({"name": "test", "nodes": nodes, "inter_node_GBps": 25})
 
 
-def pipeline(devices: list[int], cuts: list[int], mbs: int, m: int) -> PipelinePlan:
-    """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1])."""
+def pipeline(
+    devices: list[int], cuts: list[int], mbs: int, m: int, recompute: str = ""
+) -> PipelinePlan:
+    """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1]); `recompute`
+    marks stage i's flag by its i-th letter (r: on, n: off, -: the plan's default)."""
+    flags = [{"r": True, "n": False}.get(c) for c in recompute.ljust(len(devices), "-")]
     stages = tuple(
-        StagePlan(devices=(d,), layers=(a, b)) for d, a, b in zip(devices, cuts[:-1], cuts[1:])
+        StagePlan(devices=(d,), layers=(a, b), recompute=f)
+        for d, a, b, f in zip(devices, cuts[:-1], cuts[1:], flags)
     )
     return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m)
 
 
 def make_plan(
-    model: str, pipelines: list[PipelinePlan], schedule: str = "1f1b", seq_len: int = 16
+    model: str,
+    pipelines: list[PipelinePlan],
+    schedule: str = "1f1b",
+    seq_len: int = 16,
+    precision: str = "fp32",
+    cluster_devices: int = 8,
+    slow_gpu: str | None = None,
 ) -> Plan:
     return Plan(
         global_batch=sum(p.batch for p in pipelines),
         seq_len=seq_len,
         schedule=schedule,
+        precision=precision,
         pipelines=tuple(pipelines),
         model=PRESETS[model],
-        cluster=cluster(),
+        cluster=cluster(cluster_devices, slow_gpu),
     ).validate_plan()
 
 

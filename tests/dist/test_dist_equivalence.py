@@ -9,22 +9,25 @@ from __future__ import annotations
 import pytest
 from disthelpers import make_plan, pipeline, train
 
+from hetpp.runtime.options import DEFAULT_VERIFY_TOL
+
 pytestmark = pytest.mark.dist
 
 # tiny-gpt and tiny-llama: 6 layers (embedding, 4 blocks, head). tiny-gpt ties embedding and head.
+# Plans are fp32 unless the options say `precision`; `fp64` runs an fp32 plan in float64.
 CASES = {
     # name: (model, pipelines, schedule, options)
     "gpt-1pipe-1stage": (
         "tiny-gpt",
         [pipeline([0], [0, 6], 2, 3)],
         "1f1b",
-        {"dtype": "float64"},
+        {"fp64": True},
     ),
     "gpt-2pipes-2+1-unequal-clip": (
         "tiny-gpt",
         [pipeline([0, 1], [0, 2, 6], 2, 5), pipeline([2], [0, 6], 3, 2)],
         "1f1b",
-        {"dtype": "float64", "clip_grad": 0.05},
+        {"fp64": True, "clip_grad": 0.05},
     ),
     "gpt-3pipes-4+2+1-gpipe-sgd": (
         "tiny-gpt",
@@ -34,13 +37,13 @@ CASES = {
             pipeline([2], [0, 6], 4, 1),
         ],
         "gpipe",
-        {"dtype": "float64", "optimizer": "sgd", "lr": 0.1},
+        {"fp64": True, "optimizer": "sgd", "lr": 0.1},
     ),
     "llama-2pipes-3+2-clip": (
         "tiny-llama",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 2, 3), pipeline([3, 4], [0, 3, 6], 1, 4)],
         "1f1b",
-        {"dtype": "float64", "clip_grad": 0.05},
+        {"fp64": True, "clip_grad": 0.05},
     ),
     "llama-3pipes-1+3+2-gpipe-fp32": (
         "tiny-llama",
@@ -52,13 +55,34 @@ CASES = {
         # fp32 AdamW at its default lr: the reference mirrors the micro-batches, so AdamW's
         # lr/eps amplification of near-zero gradient entries finds no rounding to amplify.
         "gpipe",
-        {"dtype": "float32"},
+        {},
     ),
-    "gpt-2pipes-4+3-fp32-sgd-clip": (
+    "gpt-2pipes-4+3-fp32-sgd-clip-recompute": (
         "tiny-gpt",
-        [pipeline([0, 1, 2, 3], [0, 2, 3, 4, 6], 1, 6), pipeline([4, 5, 6], [0, 1, 4, 6], 2, 3)],
+        [
+            pipeline([0, 1, 2, 3], [0, 2, 3, 4, 6], 1, 6, recompute="rnrr"),
+            pipeline([4, 5, 6], [0, 1, 4, 6], 2, 3, recompute="nrn"),
+        ],
         "1f1b",
-        {"dtype": "float32", "optimizer": "sgd", "lr": 0.1, "clip_grad": 0.05},
+        {"optimizer": "sgd", "lr": 0.1, "clip_grad": 0.05},
+    ),
+    # Recomputation on some stages and not others (r: on, n: off), emulated: devices 4-7 are
+    # V100s, which run slower (`slow_gpu`).
+    "llama-3pipes-2+1+2-bf16-clip-recompute-emulated": (
+        "tiny-llama",
+        [
+            pipeline([0, 1], [0, 3, 6], 1, 4, recompute="rn"),
+            pipeline([2], [0, 6], 2, 2, recompute="r"),
+            pipeline([3, 4], [0, 2, 6], 2, 2, recompute="nr"),
+        ],
+        "1f1b",
+        {"precision": "bf16", "clip_grad": 0.05, "emulate": True, "slow_gpu": "V100-32GB"},
+    ),
+    "gpt-2pipes-3+1-fp16-gpipe": (
+        "tiny-gpt",
+        [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],
+        "gpipe",
+        {"precision": "fp16"},
     ),
 }
 
@@ -66,11 +90,18 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_pipelined_matches_single_process(case, tmp_path):
     model, pipes, schedule, opts = CASES[case]
-    plan = make_plan(model, pipes, schedule)
+    opts = dict(opts)
+    plan = make_plan(
+        model,
+        pipes,
+        schedule,
+        precision=opts.pop("precision", "fp32"),
+        slow_gpu=opts.pop("slow_gpu", None),
+    )
     results = train(plan, tmp_path, steps=3, verify=True, **opts)
     report = results[0].verify
     assert report is not None and all(r.verify is None for r in results[1:])
-    assert report.tolerance == (1e-10 if opts["dtype"] == "float64" else 1e-5)
+    assert report.tolerance == DEFAULT_VERIFY_TOL[plan.train.precision if not opts.get("fp64") else "fp64"]
     assert report.max_param_diff <= report.tolerance, report
     assert report.max_loss_diff <= report.tolerance, report
     assert [r.step for r in results[0].records] == [1, 2, 3]

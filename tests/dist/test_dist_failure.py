@@ -14,7 +14,8 @@ from disthelpers import free_port, make_plan, pipeline
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.options import TrainOptions
-from hetpp.runtime.trainer import DistEnv, main
+from hetpp.runtime.env import DistEnv
+from hetpp.runtime.trainer import main
 
 pytestmark = pytest.mark.dist
 

@@ -35,7 +35,8 @@ def test_hf_folder_trains_exports_and_loads_back(tmp_path):
         pipeline([3, 4], [0, 3, 5], 2, 2),
         pipeline([5], [0, 5], 1, 2),
     ]
-    plan = Plan(global_batch=9, seq_len=SEQ, pipelines=tuple(pipes), model=c, cluster=cluster())
+    plan = Plan(global_batch=9, seq_len=SEQ, precision="fp32", pipelines=tuple(pipes), model=c,
+                cluster=cluster())  # fmt: skip
     ckpt = tmp_path / "ckpt"
     kw = dict(steps=10, init_from=str(src), checkpoint_dir=str(ckpt), eval_every=10)
     results = train(plan.validate_plan(), tmp_path, **kw)

@@ -16,7 +16,7 @@ def test_resume_under_another_plan_equals_an_uninterrupted_run(tmp_path):
     plan_b = make_plan("tiny-gpt", [pipeline([1, 0], [0, 4, 6], 4, 4)], schedule="gpipe")
     # A cosine schedule over the whole 8 steps: the first part stops at 4, the resumed part
     # continues the same schedule.
-    opts = {"dtype": "float64", "clip_grad": 0.05, "lr_schedule": "cosine", "warmup_steps": 2,
+    opts = {"fp64": True, "clip_grad": 0.05, "lr_schedule": "cosine", "warmup_steps": 2,
             "decay_steps": 8}
     ckpt = tmp_path / "ckpt"
     first = train(plan_a, tmp_path, steps=4, checkpoint_dir=str(ckpt), **opts)

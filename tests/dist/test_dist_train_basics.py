@@ -21,7 +21,7 @@ def test_schedule_decay_validation_and_metrics(tmp_path):
     plan = make_plan(
         "tiny-llama", [pipeline([0, 1], [0, 3, 6], 2, 2), pipeline([2], [0, 6], 1, 3)]
     )
-    kw = dict(steps=4, dtype="float64", lr=3e-3, weight_decay=0.1, warmup_steps=2,
+    kw = dict(steps=4, fp64=True, lr=3e-3, weight_decay=0.1, warmup_steps=2,
               lr_schedule="cosine", eval_every=2, eval_batches=2, verify=True)
     ckpt = tmp_path / "ckpt"
     result = train(plan, tmp_path, checkpoint_dir=str(ckpt), **kw)[0]

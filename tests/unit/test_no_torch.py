@@ -16,6 +16,12 @@ PURE = [
     "hetpp.report.inputs",
     "hetpp.dataset",  # `hetpp data prepare` and the shard format: numpy and tokenizers only
     "hetpp.demo",  # torch only inside demo.emulated.profile_cpu, and in the training runs
+    # The launcher's side of the runtime: `hetpp train` checks and starts ranks without torch.
+    "hetpp.runtime.options",
+    "hetpp.runtime.env",
+    "hetpp.runtime.launch",
+    "hetpp.runtime.contract",
+    "hetpp.runtime.metrics",
 ]
 
 

@@ -76,7 +76,7 @@ def test_infeasible_exits_2_with_the_reason(tmp_path, capsys):
     args = ["plan", "--cluster", _cluster(tmp_path), "--model", "llama2-13b"]
     assert main([*args, "--global-batch", "16", "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
-    assert "llama2-13b needs at least 208 GB" in err and "4 devices have" in err
+    assert "llama2-13b needs at least 234 GB" in err and "4 devices have" in err
     args = ["compare", "--cluster", _cluster(tmp_path), "--model", "llama2-13b"]
     assert main([*args, "--global-batch", "16"]) == 2
 

@@ -12,7 +12,7 @@ from hetpp.runtime.options import TrainOptions
 from hetpp.specs import PRESETS, SpecError
 
 C = PRESETS["tiny-gpt"]
-OPTS = TrainOptions(plan="unused.json", dtype="float64")
+OPTS = TrainOptions(plan="unused.json", fp64=True)
 
 
 def _trained_full_model() -> tuple[StageModule, torch.optim.Optimizer]:

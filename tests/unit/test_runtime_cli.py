@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetpp.cli.main import main
+from hetpp.runtime.contract import describe
 from hetpp.specs import PRESETS, PipelinePlan, Plan, StagePlan
 
 
@@ -33,6 +34,42 @@ def test_train_refuses_bad_input(plan_file, extra, words, capsys):
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("train", "extra", "words"),
+    [
+        ({"grad_bytes_per_param": 3}, [], "train.grad_bytes_per_param: 3: the runtime all-reduces"),
+        ({"precision": "bf16"}, ["--fp64"], "train.precision: --fp64 runs an fp32 plan"),
+    ],
+)
+def test_train_refuses_a_plan_it_cannot_execute(tmp_path, train, extra, words, capsys):
+    pipe = PipelinePlan(
+        stages=(StagePlan(devices=(0,), layers=(0, 6)),), micro_batch_size=1, num_micro_batches=2
+    )
+    path = tmp_path / "plan.json"
+    Plan(global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"], **train).save(
+        path
+    )
+    # Refused in the launcher, before any rank process exists: one line naming file and field.
+    assert main(["train", "--plan", str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(path) in err and len(err.strip().splitlines()) == 1
+
+
+def test_rank_0_says_what_it_executes():
+    stages = (
+        StagePlan(devices=(1,), layers=(0, 2), recompute=True),
+        StagePlan(devices=(0,), layers=(2, 6)),
+    )
+    pipe = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=2)
+    plan = Plan(global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"])
+    assert describe(plan, "bf16: how") == [
+        "hetpp train: tiny-gpt, 2 ranks, schedule 1f1b",
+        "  precision bf16: how",
+        "  pipeline 0: devices [1, 0], layers [0, 2), [2, 6), batch 2 (2 x 1), "
+        "recompute stages [0]",
+    ]
+
+
 def test_train_names_a_missing_plan(tmp_path, capsys):
     assert main(["train", "--plan", str(tmp_path / "missing.json")]) == 2
     assert "missing.json: file not found" in capsys.readouterr().err
@@ -42,3 +79,29 @@ def test_profile_refuses_a_sequence_longer_than_the_model(tmp_path, capsys):
     argv = ["profile", "--model", "tiny-gpt", "--seq-len", "4096", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     assert "--seq-len: must be in 1..128" in capsys.readouterr().err
+
+
+def test_precision_says_what_it_runs():
+    from hetpp.runtime.precision import Precision
+
+    pipe = PipelinePlan(
+        stages=(StagePlan(devices=(0,), layers=(0, 6)),), micro_batch_size=1, num_micro_batches=2
+    )
+
+    def plan(**train):
+        return Plan(
+            global_batch=2, seq_len=8, pipelines=(pipe,), model=PRESETS["tiny-gpt"], **train
+        )
+
+    assert Precision.of(plan()).describe() == (
+        "bf16: torch.autocast(bfloat16) forward, float32 master weights and gradients, "
+        "bfloat16 gradient all-reduces"
+    )
+    assert (
+        Precision.of(plan(precision="fp16", grad_bytes_per_param=4))
+        .describe()
+        .endswith("float32 gradient all-reduces, dynamic loss scaling (global inf/NaN check)")
+    )
+    assert Precision.of(plan(precision="fp32"), fp64=True).describe() == (
+        "fp64: weights, activations and gradients in float64, float64 gradient all-reduces"
+    )

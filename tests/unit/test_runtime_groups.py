@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from hetpp.runtime.groups import bucket_ranks, pipeline_ranks, role_of, tied_ranks
+import pytest
+
+from hetpp.runtime.groups import RankMap
 from hetpp.specs import PRESETS, PipelinePlan, Plan, StagePlan
+from hetpp.specs.errors import SpecError
 
 
 def _plan(model: str = "tiny-gpt") -> Plan:
@@ -23,20 +26,23 @@ def _plan(model: str = "tiny-gpt") -> Plan:
 
 
 def test_ranks_are_the_plan_devices_in_increasing_order():
-    plan = _plan()
-    roles = [role_of(plan, r) for r in range(4)]
+    ranks = RankMap.of(_plan())
+    assert ranks.devices == (2, 5, 7, 9)
+    roles = [ranks.role(r) for r in range(4)]
     assert [(r.device, r.pipeline, r.stage, r.layers) for r in roles] == [
         (2, 0, 1, (2, 4)),
         (5, 0, 2, (4, 6)),
         (7, 1, 0, (0, 6)),
         (9, 0, 0, (0, 2)),
     ]
-    assert pipeline_ranks(plan) == [(3, 0, 1), (2,)]
+    assert ranks.pipelines == ((3, 0, 1), (2,))
+    with pytest.raises(SpecError, match="rank 4 outside the plan's 4 ranks"):
+        ranks.role(4)
 
 
 def test_blocks_and_tied_holders_in_ranks():
-    plan = _plan()
+    ranks = RankMap.of(_plan())
     # Latest layers first: the order backward finishes them in.
-    assert bucket_ranks(plan) == [(((4, 6),), (1, 2)), (((2, 4),), (0, 2)), (((0, 2),), (3, 2))]
-    assert tied_ranks(plan) == (1, 2, 3)  # embedding and head ranks of both pipelines
-    assert tied_ranks(_plan("tiny-llama")) == ()
+    assert ranks.buckets == ((((4, 6),), (1, 2)), (((2, 4),), (0, 2)), (((0, 2),), (3, 2)))
+    assert ranks.tied == (1, 2, 3)  # embedding and head ranks of both pipelines
+    assert RankMap.of(_plan("tiny-llama")).tied == ()

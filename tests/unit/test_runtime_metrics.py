@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from hetpp.runtime.metrics import MetricsLog, StepMetrics, load_metrics, summarize
+from hetpp.runtime.metrics import (
+    MetricsLog,
+    StepMetrics,
+    load_metrics,
+    pack_step,
+    summarize,
+    unpack_step,
+)
 
 
 def _step(step: int, step_s: float, loss: float) -> StepMetrics:
@@ -43,3 +50,13 @@ def test_a_resumed_run_appends(tmp_path):
             log.add(_step(s, 1.0, 1.0))
         log.close()
     assert [r.step for r in load_metrics(path)] == [1, 2, 3]
+
+
+def test_packed_step_vectors_sum_to_the_step_metrics():
+    # Two ranks each pack their loss share and (compute, wait, comm, total) seconds; the
+    # all-reduce sums the vectors; unpack reads the step back.
+    a = pack_step(1.5, [0.2, 0.1, 0.05, 0.4], rank=0, world=2)
+    b = pack_step(0.5, [0.3, 0.0, 0.1, 0.5], rank=1, world=2)
+    m = unpack_step(7, [x + y for x, y in zip(a, b)], global_batch=8, seq_len=16, grad_norm=None)
+    assert (m.step, m.loss, m.step_s, m.samples_per_s, m.tokens_per_s) == (7, 2.0, 0.5, 16, 256)
+    assert m.compute_s == (0.2, 0.3) and m.wait_s == (0.1, 0.0) and m.comm_s == (0.05, 0.1)

@@ -23,7 +23,7 @@ def test_argv_round_trip():
         plan="p.json",
         steps=7,
         data="d.txt",
-        dtype="float64",
+        fp64=True,
         optimizer="sgd",
         lr=0.5,
         clip_grad=1.0,
@@ -42,10 +42,10 @@ def test_argv_round_trip():
     assert _parse(["--plan", "p.json"]) == TrainOptions(plan="p.json")
 
 
-def test_default_verify_tolerance_follows_the_dtype():
-    assert TrainOptions(plan="p").tolerance == 1e-5
-    assert TrainOptions(plan="p", dtype="float64").tolerance == 1e-10
-    assert TrainOptions(plan="p", verify_tol=0.1).tolerance == 0.1
+def test_default_verify_tolerance_follows_the_precision():
+    assert TrainOptions(plan="p").tolerance("fp32") == 1e-5
+    assert TrainOptions(plan="p").tolerance("fp64") == 1e-10
+    assert TrainOptions(plan="p", verify_tol=0.1).tolerance("bf16") == 0.1
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def test_config_file_with_command_line_overrides(tmp_path):
         ("learning_rate = 1", "learning_rate", "unknown option"),
         ('lr = "fast"', "lr", "valid number"),
         ("steps = 2.5", "steps", "valid integer"),
-        ('dtype = "float16"', "dtype", "'float32' or 'float64'"),
+        ('fp64 = "yes"', "fp64", "valid boolean"),
         ("lr = [", None, "not valid TOML"),
     ],
 )

@@ -55,3 +55,19 @@ def test_timed_call_lasts_factor_times_cpu_time(monkeypatch, factor, cpu_s, idle
     # Binary fractions: the sums are exact on every CPU.
     assert fake_stage.compute_s == 2 * expected_s
     assert clock.wall_s == 2 * expected_s
+
+
+def test_buckets_start_in_grad_buckets_order_whatever_order_they_complete():
+    # Bucket 0 merges blocks far apart and completes last; bucket 1 must still wait for it.
+    from hetpp.runtime.gradsync import GradSync
+
+    started: list[int] = []
+    sync = object.__new__(GradSync)
+    sync.buckets = [SimpleNamespace(id=i, waiting=1) for i in range(3)]
+    sync._start = lambda b: started.append(b.id)
+    sync.armed, sync.issued = True, 0
+    for i in (1, 2, 0):
+        sync._arrived(sync.buckets[i])
+        if i != 0:
+            assert started == []
+    assert started == [0, 1, 2]

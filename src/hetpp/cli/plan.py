@@ -10,6 +10,7 @@ from hetpp.cli._options import add_problem_arguments, problem_from, search_progr
 from hetpp.planner import STRATEGIES, Problem, plan, unused_devices
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible
+from hetpp.report.launch import launch_commands
 from hetpp.report.plans import print_plan
 from hetpp.specs.errors import SpecError
 
@@ -65,8 +66,11 @@ def run(args: argparse.Namespace) -> int:
         entry = result.entry()
         entry["unused_devices"] = unused_devices(problem, final)
         entry["out"] = args.out
+        entry["launch"] = launch_commands(problem.cluster, args.out)
         print(json.dumps(entry, indent=1))
     else:
         print_plan(problem, result)
         print(f"plan written to {args.out}")
+        print("to train it, on each node (NODE0_HOST: node 0's address):")
+        print("\n".join(f"  {c}" for c in launch_commands(problem.cluster, args.out)))
     return 0

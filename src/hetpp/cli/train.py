@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
+import tempfile
+from pathlib import Path
 
 from hetpp.runtime.options import add_arguments, from_args
 from hetpp.specs.errors import SpecError
@@ -13,11 +17,13 @@ EXAMPLES = """examples:
   hetpp train --plan plan.json --emulate --verify            # CPU box posing as the plan's cluster
   hetpp train --plan plan.json --checkpoint-dir ckpt --resume --steps 100
   hetpp train --plan plan.json --init-from hf-model/ --checkpoint-dir ckpt   # fine-tune HF weights
+  hetpp train --plan plan.json --steps 3 --memory-report   # predicted vs measured per rank
 
-several nodes: run on each node (same plan file; rank r plays the plan's r-th device by id)
+several nodes: on each node, the command `hetpp plan` printed for it (same plan file)
   torchrun --nnodes 2 --node-rank K --nproc-per-node 4 --master-addr HOST --master-port 29500 \\
       -m hetpp.train --plan plan.json --steps 20
-  (node K in cluster-file order: a static rank order keeps rank r on the plan's device r)
+  (node K in cluster-file order, one process per GPU the file gives it: rank r is cluster device
+  r; ranks of devices the plan leaves unused exit at once)
 """
 
 
@@ -36,12 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hetpp.dataset.shards import data_kind
+    from hetpp.runtime.contract import check_executable
     from hetpp.runtime.launch import launch
     from hetpp.specs.plan import load_plan
     from hetpp.specs.presets import check_folder_model
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
+    try:
+        check_executable(plan, opts.fp64)
+    except SpecError as e:
+        raise e.in_file(opts.plan) from None
     # Checked here so a bad input gives one message, not one per rank.
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
@@ -53,4 +64,25 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(
             "needs the tensorboard package: pip install 'hetpp[tensorboard]'", field="--tensorboard"
         )
-    return launch(opts, plan.num_devices)
+    if not opts.memory_report:
+        return launch(opts, plan.num_devices)
+    if plan.cluster is None:
+        raise SpecError("--memory-report needs the plan's cluster (the `cluster` key)",
+                        file=opts.plan)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = opts.metrics or str(Path(tmp) / "metrics.jsonl")
+        code = launch(dataclasses.replace(opts, metrics=metrics), plan.num_devices)
+        if code == 0:
+            _memory_report(plan, Path(metrics))
+    return code
+
+
+def _memory_report(plan, metrics: Path) -> None:
+    """Prints predicted vs measured per rank and puts the prediction into the memory records."""
+    from hetpp.report.memory import memory_rows, print_memory_report
+    from hetpp.runtime.metrics import load_records
+
+    steps = [line for line in metrics.read_text().splitlines() if '"kind":' not in line]
+    rows = memory_rows(plan, load_records(metrics, "memory"))
+    print_memory_report(rows)
+    metrics.write_text("".join(line + "\n" for line in steps + [json.dumps(r) for r in rows]))

@@ -29,7 +29,7 @@ class LayerCosts:
     fwd_s: np.ndarray
     """Forward seconds per layer."""
     bwd_s: np.ndarray
-    """Backward seconds per layer, including the recomputed forward when recomputation is on."""
+    """Backward seconds per layer, including the recomputed forward of a block when recomputing."""
     saved_bytes: np.ndarray
     """Bytes one in-flight micro-batch keeps per layer until its backward."""
     peak_extra_bytes: np.ndarray
@@ -89,7 +89,7 @@ class CostModel:
         self.cluster = cluster
         self.profiles = (profiles or ProfileTable(())).for_model(model.name, model.seq_len)
         self.calibration = calibration
-        self._cache: dict[tuple[str, int], LayerCosts] = {}
+        self._cache: dict[tuple[str, int, bool], LayerCosts] = {}
         self._check_profiles()
 
     def _check_profiles(self) -> None:
@@ -104,14 +104,16 @@ class CostModel:
                     field="profile",
                 )
 
-    def layer_costs(self, gpu: GpuType, mbs: int) -> LayerCosts:
-        """Memoized per (GPU type, micro-batch size)."""
-        key = (gpu.name.lower(), mbs)
+    def layer_costs(self, gpu: GpuType, mbs: int, recompute: bool | None = None) -> LayerCosts:
+        """Memoized per (GPU type, micro-batch size, recomputation); `recompute` None: the
+        TrainSpec's (a stage's own flag overrides it, `StagePlan.recomputes`)."""
+        recompute = self.train.recompute if recompute is None else recompute
+        key = (gpu.name.lower(), mbs, recompute)
         if key not in self._cache:
-            self._cache[key] = self._build(gpu, mbs)
+            self._cache[key] = self._build(gpu, mbs, recompute)
         return self._cache[key]
 
-    def _build(self, gpu: GpuType, mbs: int) -> LayerCosts:
+    def _build(self, gpu: GpuType, mbs: int, recompute: bool) -> LayerCosts:
         layers = self.model.layers
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
@@ -122,20 +124,20 @@ class CostModel:
             else:
                 f, b = estimate_layer(layer, self.model, mbs, gpu, self.calibration)
                 act = layer.saved_bytes_per_sample * mbs
+            # The runtime recomputes transformer blocks only (runtime/recompute.py): the
+            # embedding and the head keep their activations and run forward once.
+            again = recompute and layer.kind == "block"
             fwd.append(f)
-            bwd.append(b + (f if self.train.recompute else 0.0))
-            full.append(act)
-            saved.append(
-                layer.saved_bytes_recompute_per_sample * mbs if self.train.recompute else act
-            )
-        full_arr = np.array(full, dtype=float)
+            bwd.append(b + (f if again else 0.0))
+            full.append(act if again else 0.0)
+            saved.append(layer.saved_bytes_recompute_per_sample * mbs if again else act)
         return LayerCosts(
             gpu=gpu,
             mbs=mbs,
             fwd_s=np.array(fwd),
             bwd_s=np.array(bwd),
             saved_bytes=np.array(saved, dtype=float),
-            peak_extra_bytes=full_arr if self.train.recompute else np.zeros(len(layers)),
+            peak_extra_bytes=np.array(full, dtype=float),
             send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),
             source="measured" if measured else "estimated",
         )

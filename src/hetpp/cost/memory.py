@@ -57,7 +57,7 @@ def stage_memory(
     acts += 2 * float(costs.send_bytes[start:end].max(initial=0.0))  # recv + send buffers
     return StageMemory(
         weights=n * train.dtype_bytes,
-        grads=n * train.grad_bytes_per_param,
+        grads=n * train.kept_grad_bytes_per_param,
         optimizer=n * train.optimizer_bytes_per_param,
         activations=acts,
         reserve=train.reserve_bytes,
@@ -78,7 +78,7 @@ def stage_memory_parts(
     params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
-    state = n * (train.dtype_bytes + train.grad_bytes_per_param + train.optimizer_bytes_per_param)
+    state = n * train.state_bytes_per_param
     fixed = state + _range_max(costs.peak_extra_bytes) + 2 * _range_max(costs.send_bytes)
     saved = costs.saved_cum[None, :] - costs.saved_cum[:, None]
     return fixed + train.reserve_bytes, saved

@@ -95,7 +95,8 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
         costs = [
-            cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size) for st in pipe.stages
+            cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size, st.recomputes(train))
+            for st in pipe.stages
         ]
         bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
         links = [

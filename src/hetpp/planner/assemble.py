@@ -15,6 +15,7 @@ from hetpp.cost.step import StepCost, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
+from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
@@ -184,6 +185,7 @@ def best_candidate(
         if plan is None:
             continue
         tried += 1
+        plan = drop_unneeded_recompute(problem, plan)
         step = evaluate(problem, plan)
         if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
             best = (plan, step)

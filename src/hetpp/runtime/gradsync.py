@@ -2,14 +2,16 @@
 
 Layer l lives on a different rank in each pipeline, so one flat all-reduce cannot work. The plan's
 gradient blocks each have one owner per pipeline; blocks with the same owners form one bucket,
-flattened and all-reduced (SUM) over the owners. The loss is already divided by the global token
-count, so the sum is the full-batch mean gradient.
+flattened and all-reduced (SUM) over the owners, in the dtype the plan's `grad_bytes_per_param`
+says (`Precision.reduce_dtype`; the gradients themselves stay in the parameters' dtype). The
+loss is already divided by the global token count, so the sum is the full-batch mean gradient.
 
 Overlap: during the last micro-batch's backward, a hook on every parameter counts the bucket's
-gradients as they become final; the bucket's all-reduce starts (asynchronously) when the last one
-does. Backward finishes the later layers first, so a rank starts its buckets in `grad_buckets`
-order (latest layers first), the one order every rank and the simulator use, which keeps the
-collectives deadlock-free.
+gradients as they become final; the bucket's all-reduce starts (asynchronously) once it and every
+bucket before it in `grad_buckets` order (latest layers first, as backward finishes them) are
+complete. Every rank issues its buckets in that one global order, the simulator's too: ranks
+that share two reduce groups then never wait on each other's collectives in opposite orders (on
+NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
 
 A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
 of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
@@ -25,10 +27,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hetpp.runtime.groups import Groups, bucket_ranks, tied_ranks
+from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
-from hetpp.specs.plan import Plan
 
 
 @dataclass
@@ -54,15 +55,15 @@ class Bucket:
 class GradSync:
     """This rank's share of the gradient reductions of a plan."""
 
-    def __init__(self, plan: Plan, rank: int, stage: StageModule, groups: Groups,
-                 device: torch.device):  # fmt: skip
-        self.groups, self.device = groups, device
+    def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
+                 device: torch.device, reduce_dtype: torch.dtype):  # fmt: skip
+        self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
         tied = stage.tied_weight()
         self.buckets: list[Bucket] = []
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
         # so only pipeline 0's owner adds it in (the tied weight with layer 0).
         self.norm_params: list[torch.nn.Parameter] = []
-        for layers, owners in bucket_ranks(plan):
+        for layers, owners in ranks.buckets:
             if rank not in owners:
                 continue
             params = [p for a, b in layers for i in range(a, b) for _, p in stage.own_parameters(i)]
@@ -71,28 +72,36 @@ class GradSync:
             params = [p for p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
                 self.buckets.append(Bucket(owners, layers, params))
-        holders = tied_ranks(plan)
+        holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
-        self.armed = False
+        self.armed, self.issued = False, 0
+        """Whether this step's last backward runs; how many buckets it has started."""
         for bucket in self.buckets:
             for p in bucket.params:
                 p.register_post_accumulate_grad_hook(lambda _, b=bucket: self._arrived(b))
 
     def arm(self) -> None:
         """Called just before this step's last backward: from now on, gradients are final."""
-        self.armed = True
+        self.armed, self.issued = True, 0
         for b in self.buckets:
             b.waiting, b.flat, b.work = len(b.params), None, None
 
     def _arrived(self, bucket: Bucket) -> None:
         if self.armed:
             bucket.waiting -= 1
-            if bucket.waiting == 0:
-                self._start(bucket)
+            self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        """Start the complete buckets, strictly in `grad_buckets` order: a bucket that merges
+        blocks far apart can complete after a later one, and NCCL collectives on overlapping
+        groups issued in different orders on different ranks can deadlock."""
+        while self.issued < len(self.buckets) and self.buckets[self.issued].waiting == 0:
+            self._start(self.buckets[self.issued])
+            self.issued += 1
 
     def _start(self, b: Bucket) -> None:
-        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)])
+        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
         b.work = dist.all_reduce(b.flat, group=self.groups.reduce_group(b.owners), async_op=True)
 
     def sync(self, note: Callable[[str], None]) -> None:
@@ -100,13 +109,13 @@ class GradSync:
         with a parameter that got no gradient), then wait for all and copy the sums back. `note`
         is told which reduction is being waited for (failure messages name it)."""
         self.armed = False
-        for b in self.buckets:
-            if b.work is None:
-                self._start(b)
-        tied_work = None
+        for b in self.buckets[self.issued :]:
+            self._start(b)
+        tied_work = tied_flat = None
         if self.tied is not None:
             group = self.groups.reduce_group(self.tied_holders)
-            tied_work = dist.all_reduce(grads_of([self.tied])[0], group=group, async_op=True)
+            tied_flat = grads_of([self.tied])[0].to(self.reduce_dtype)  # the grad itself if equal
+            tied_work = dist.all_reduce(tied_flat, group=group, async_op=True)
         for b in self.buckets:
             note(b.describe())
             b.work.wait()
@@ -117,6 +126,7 @@ class GradSync:
         if tied_work is not None:
             note(f"tied-weight sync with ranks {list(self.tied_holders)}")
             tied_work.wait()
+            self.tied.grad.copy_(tied_flat)
 
     def clip(self, max_norm: float, stage: StageModule) -> float:
         """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before."""

@@ -1,8 +1,9 @@
 """Who runs what: rank <-> plan device, each rank's (pipeline, stage), and the process groups.
 
 Ranks are the plan's device ids in increasing order, so a plan over devices 0..N-1 runs rank r on
-device r. `dist.new_group` is collective over the whole world, so every rank creates every group, in
-one order computed from the plan alone.
+device r. `RankMap` works this out once from the plan; everything else asks it. `dist.new_group`
+is collective over the whole world, so every rank creates every group, in one order computed from
+the plan alone.
 """
 
 from __future__ import annotations
@@ -34,48 +35,81 @@ class Role:
     """Layer range [start, end) of the stage."""
 
 
-def plan_devices(plan: Plan) -> list[int]:
-    """Devices the plan uses, in rank order."""
-    return sorted(s.device for p in plan.pipelines for s in p.stages)
+BucketRanks = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
+"""(layer ranges, owner ranks in pipeline order) of one gradient bucket."""
 
 
-def role_of(plan: Plan, rank: int) -> Role:
-    devices = plan_devices(plan)
-    if not 0 <= rank < len(devices):
-        raise SpecError(f"rank {rank} outside the plan's {len(devices)} ranks", field="pipelines")
-    device = devices[rank]
-    for p, pipe in enumerate(plan.pipelines):
-        for s, st in enumerate(pipe.stages):
-            if st.device == device:
-                return Role(
-                    rank=rank,
-                    device=device,
+@dataclass(frozen=True, kw_only=True)
+class RankMap:
+    """Every rank's role and the rank sets of a plan, computed once (`RankMap.of`)."""
+
+    devices: tuple[int, ...]
+    """The plan's devices in rank order (rank r plays devices[r])."""
+    roles: tuple[Role, ...]
+    """Role of each rank."""
+    pipelines: tuple[tuple[int, ...], ...]
+    """Each pipeline's ranks in stage order."""
+    buckets: tuple[BucketRanks, ...]
+    """Every gradient bucket in the order all ranks issue their all-reduces (`grad_buckets`:
+    latest layers first, as the simulator has it)."""
+    tied: tuple[int, ...]
+    """Ranks holding the embedding or the head of a tied model (each holds the tied weight);
+    empty when untied."""
+
+    @classmethod
+    def of(cls, plan: Plan) -> RankMap:
+        devices = tuple(sorted(s.device for p in plan.pipelines for s in p.stages))
+        rank = {d: r for r, d in enumerate(devices)}
+        roles: list[Role | None] = [None] * len(devices)
+        for p, pipe in enumerate(plan.pipelines):
+            for s, st in enumerate(pipe.stages):
+                r = rank[st.device]
+                roles[r] = Role(
+                    rank=r,
+                    device=st.device,
                     pipeline=p,
                     stage=s,
                     num_stages=len(pipe.stages),
                     layers=st.layers,
                 )
-    raise AssertionError("unreachable: every plan device has a stage")
+        pipelines = tuple(tuple(rank[d] for d in pipe.devices) for pipe in plan.pipelines)
+        buckets = tuple((b.blocks, tuple(rank[d] for d in b.owners)) for b in grad_buckets(plan))
+        tied = ()
+        if plan.model.tie_embeddings:
+            tied = tuple(sorted({r for ranks in pipelines for r in (ranks[0], ranks[-1])}))
+        return cls(
+            devices=devices, roles=tuple(roles), pipelines=pipelines, buckets=buckets, tied=tied
+        )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    def role(self, rank: int) -> Role:
+        if not 0 <= rank < self.world_size:
+            raise SpecError(
+                f"rank {rank} outside the plan's {self.world_size} ranks", field="pipelines"
+            )
+        return self.roles[rank]
 
 
-def pipeline_ranks(plan: Plan) -> list[tuple[int, ...]]:
-    """Each pipeline's ranks in stage order."""
-    rank = {d: r for r, d in enumerate(plan_devices(plan))}
-    return [tuple(rank[d] for d in pipe.devices) for pipe in plan.pipelines]
-
-
-def bucket_ranks(plan: Plan) -> list[tuple[tuple[tuple[int, int], ...], tuple[int, ...]]]:
-    """(layer ranges, owner ranks in pipeline order) of every gradient bucket, in the order all
-    ranks issue their all-reduces (`grad_buckets`: latest layers first, as the simulator has it)."""
-    rank = {d: r for r, d in enumerate(plan_devices(plan))}
-    return [(b.blocks, tuple(rank[d] for d in b.owners)) for b in grad_buckets(plan)]
-
-
-def tied_ranks(plan: Plan) -> tuple[int, ...]:
-    """Ranks holding the embedding or the head of a tied model (each holds the tied weight)."""
-    if not plan.model.tie_embeddings:
-        return ()
-    return tuple(sorted({r for ranks in pipeline_ranks(plan) for r in (ranks[0], ranks[-1])}))
+def plan_rank(plan: Plan, rank: int, world_size: int) -> int | None:
+    """The rank a started process plays in the plan's numbering, or None when it has nothing to
+    do. Two ways to start a plan: `world_size` = the plan's devices (rank r plays the plan's r-th
+    device by id, as `hetpp train` starts them), or = the cluster's devices (rank r is cluster
+    device r, as `torchrun --nproc-per-node` per node in cluster-file order starts them; a
+    device the plan leaves unused gets None)."""
+    devices = sorted(s.device for p in plan.pipelines for s in p.stages)
+    if world_size == len(devices):
+        return rank
+    if plan.cluster is not None and world_size == plan.cluster.num_devices:
+        return devices.index(rank) if rank in devices else None
+    cluster = f" or the cluster's {plan.cluster.num_devices}" if plan.cluster else ""
+    raise SpecError(
+        f"the plan uses {len(devices)} devices but {world_size} ranks were started "
+        f"(start the plan's {len(devices)}{cluster})",
+        field="pipelines",
+    )
 
 
 class Groups:
@@ -84,19 +118,19 @@ class Groups:
     Reduction sets (block owners, tied-weight holders) are keyed by their sorted ranks; a set of one
     rank needs no group and none is made."""
 
-    def __init__(self, plan: Plan, rank: int, timeout_s: float):
+    def __init__(self, ranks: RankMap, rank: int, timeout_s: float):
         timeout = timedelta(seconds=timeout_s)
-        mine = role_of(plan, rank).pipeline
-        for p, ranks in enumerate(pipeline_ranks(plan)):
+        mine = ranks.role(rank).pipeline
+        for p, members in enumerate(ranks.pipelines):
             # Stage i must be group rank i: PipelineStage maps stage index to group rank.
-            g = dist.new_group(list(ranks), timeout=timeout, sort_ranks=False)
+            g = dist.new_group(list(members), timeout=timeout, sort_ranks=False)
             if p == mine:
                 self.pipeline = g
-        sets = [tuple(sorted(owners)) for _, owners in bucket_ranks(plan)]
-        sets.append(tied_ranks(plan))
+        sets = [tuple(sorted(owners)) for _, owners in ranks.buckets]
+        sets.append(ranks.tied)
         self._reduce: dict[tuple[int, ...], dist.ProcessGroup] = {}
-        for ranks in dict.fromkeys(s for s in sets if len(s) > 1):
-            self._reduce[ranks] = dist.new_group(list(ranks), timeout=timeout)
+        for members in dict.fromkeys(s for s in sets if len(s) > 1):
+            self._reduce[members] = dist.new_group(list(members), timeout=timeout)
 
     def reduce_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         return self._reduce[tuple(sorted(ranks))]

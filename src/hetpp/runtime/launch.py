@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from hetpp.runtime.env import DistEnv
 from hetpp.runtime.options import TrainOptions
 
 GRACE_S = 10.0
@@ -34,14 +35,12 @@ def launch(opts: TrainOptions, world_size: int) -> int:
     procs: list[subprocess.Popen] = []
     try:
         for r in range(world_size):
+            rank = DistEnv(rank=r, world_size=world_size, local_rank=r, local_world_size=world_size)
             env = {
                 **os.environ,
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": port,
-                "RANK": str(r),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(r),
-                "LOCAL_WORLD_SIZE": str(world_size),
+                **rank.to_environ(),
             }
             procs.append(subprocess.Popen(cmd, env=env))
         return _watch(procs, opts.timeout_s + GRACE_S)

@@ -42,6 +42,39 @@ class StepMetrics:
     """Mean validation token loss after this step's update (steps with --eval-every only)."""
 
 
+TIMES = ("compute_s", "wait_s", "comm_s", "step_s")
+"""The seconds each rank measures per step, in the order `pack_step` packs them."""
+
+
+def pack_step(loss: float, times: list[float], rank: int, world: int) -> list[float]:
+    """One rank's share of the per-step all-reduce (SUM): its loss share, then its `TIMES` in
+    its own slot, zeros elsewhere. Summed over ranks it is what `unpack_step` reads."""
+    vec = [0.0] * (1 + len(TIMES) * world)
+    vec[0] = loss
+    vec[1 + len(TIMES) * rank : 1 + len(TIMES) * (rank + 1)] = times
+    return vec
+
+
+def unpack_step(
+    step: int, vec: list[float], global_batch: int, seq_len: int, grad_norm: float | None
+) -> StepMetrics:
+    """The step's metrics from the summed `pack_step` vectors of every rank."""
+    n = len(TIMES)
+    per = [vec[1 + n * r : 1 + n * (r + 1)] for r in range((len(vec) - 1) // n)]
+    step_s = max(p[3] for p in per)
+    return StepMetrics(
+        step=step,
+        loss=vec[0],
+        step_s=step_s,
+        grad_norm=grad_norm,
+        samples_per_s=global_batch / step_s,
+        tokens_per_s=global_batch * seq_len / step_s,
+        compute_s=tuple(p[0] for p in per),
+        wait_s=tuple(p[1] for p in per),
+        comm_s=tuple(p[2] for p in per),
+    )
+
+
 def summarize(records: list[StepMetrics], skip_first: bool = True) -> dict[str, Any]:
     """The measured summary of a run: medians over steps (the first step, which includes one-off
     set-up such as the pipeline's shape inference, is left out when there are others)."""
@@ -80,15 +113,19 @@ class MetricsLog:
 
     def add(self, m: StepMetrics) -> None:
         self.records.append(m)
-        if self._file is not None:
-            self._file.write(json.dumps(asdict(m)) + "\n")
-            self._file.flush()
+        self.write(asdict(m))
         if self._tb is not None:
             for key in ("loss", "val_loss", "lr", "grad_norm", "step_s", "tokens_per_s"):
                 value = getattr(m, key)
                 if value is not None:
                     self._tb.add_scalar(f"train/{key}", value, m.step)
             self._tb.flush()
+
+    def write(self, record: dict[str, Any]) -> None:
+        """One line as it is (steps have no "kind"; other records say theirs, e.g. "memory")."""
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
@@ -105,8 +142,15 @@ def parse_record(line: str) -> StepMetrics:
 
 
 def load_metrics(path: str | Path) -> list[StepMetrics]:
-    """Read a metrics JSONL file back."""
-    return [parse_record(line) for line in Path(path).read_text().splitlines()]
+    """Read a metrics JSONL file's step records back (records of another kind are skipped)."""
+    lines = Path(path).read_text().splitlines()
+    return [parse_record(line) for line in lines if '"kind":' not in line]
+
+
+def load_records(path: str | Path, kind: str) -> list[dict[str, Any]]:
+    """A metrics JSONL file's records of one kind (e.g. "memory")."""
+    records = (json.loads(line) for line in Path(path).read_text().splitlines())
+    return [r for r in records if r.get("kind") == kind]
 
 
 def print_summary(records: list[StepMetrics], devices: list[int]) -> None:

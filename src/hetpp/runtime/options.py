@@ -15,7 +15,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from hetpp.specs.errors import SpecError
 
-DEFAULT_VERIFY_TOL = {"float32": 1e-5, "float64": 1e-10}
+DEFAULT_VERIFY_TOL = {"fp32": 1e-5, "fp64": 1e-10, "bf16": 2e-2, "fp16": 1e-2}
+"""--verify's default tolerance per executed precision (`runtime.precision.Precision.name`).
+bf16 / fp16: twice the largest drift `bench/verify_precision.py` measured over 10 steps of AdamW
+at lr 1e-3 (docs/benchmarks-runtime.md); the drift grows with lr and steps."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,8 +34,9 @@ class TrainOptions:
     folder or index.json); a text file (bytes as tokens 0..255); or a `.bin` of uint16 ids."""
     seed: int = 0
     """Seed of the initial weights and of synthetic data (never depends on the plan)."""
-    dtype: Literal["float32", "float64"] = "float32"
-    """Weights, activations and gradients dtype."""
+    fp64: bool = False
+    """Run an fp32 plan in float64 (exactness tests); otherwise the plan's `train.precision`
+    decides the dtypes."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = 1e-3
     """Learning rate (constant)."""
@@ -49,7 +53,7 @@ class TrainOptions:
     gradient entries into lr-sized ones, so over tens of steps the two runs drift apart (measured:
     docs/benchmarks-runtime-choices.md; SGD stays at rounding level)."""
     verify_tol: float | None = None
-    """Largest allowed difference for --verify; default 1e-5 (float32) or 1e-10 (float64)."""
+    """Largest allowed difference for --verify; default per precision (`DEFAULT_VERIFY_TOL`)."""
     checkpoint_dir: str | None = None
     """Directory of plan-independent checkpoints; one is written at the end of training."""
     checkpoint_every: int = 0
@@ -58,6 +62,9 @@ class TrainOptions:
     """Start from the newest complete checkpoint in --checkpoint-dir (any plan, any rank count)."""
     metrics: str | None = None
     """Write one JSON object per step to this file (rank 0)."""
+    memory_report: bool = False
+    """Measure what each rank keeps (model states, activations saved for backward) and set it
+    beside the cost model's prediction; `{"kind": "memory", ...}` records go to --metrics."""
     timeout_s: float = 300.0
     """Collective/P2P timeout: a rank whose peer died or hangs stops after at most this long."""
     # Models, data and schedules (issue 11).
@@ -98,9 +105,9 @@ class TrainOptions:
             if not ok:
                 raise SpecError(msg, field="--" + name.replace("_", "-"))
 
-    @property
-    def tolerance(self) -> float:
-        return self.verify_tol if self.verify_tol is not None else DEFAULT_VERIFY_TOL[self.dtype]
+    def tolerance(self, precision: str) -> float:
+        """--verify's tolerance for a run in `precision` (a `Precision.name`)."""
+        return self.verify_tol if self.verify_tol is not None else DEFAULT_VERIFY_TOL[precision]
 
     def to_argv(self) -> list[str]:
         """The command-line flags that reproduce these options (for the launcher's workers)."""
@@ -125,7 +132,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "uint16 ids; default synthetic",
     )
     p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
-    p.add_argument("--dtype", choices=("float32", "float64"), help=f"default {d.dtype}")
+    p.add_argument(
+        "--fp64",
+        action="store_true",
+        help="run an fp32 plan in float64 (exactness tests); otherwise the plan's precision rules",
+    )
     p.add_argument("--optimizer", choices=("adamw", "sgd"), help=f"default {d.optimizer}")
     p.add_argument("--lr", type=float, help=f"learning rate (default {d.lr})")
     p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
@@ -144,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--verify-tol",
         type=float,
         metavar="T",
-        help="allowed difference (default 1e-5 float32, 1e-10 float64)",
+        help="allowed difference (default 1e-5; 1e-10 with --fp64)",
     )
     p.add_argument("--checkpoint-dir", metavar="D", help="plan-independent checkpoints go here")
     p.add_argument(
@@ -159,6 +170,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the newest complete checkpoint in --checkpoint-dir",
     )
     p.add_argument("--metrics", metavar="F.jsonl", help="write per-step metrics here")
+    p.add_argument(
+        "--memory-report",
+        action="store_true",
+        help="measure each rank's memory and print it beside the cost model's prediction",
+    )
     p.add_argument(
         "--timeout-s",
         type=float,

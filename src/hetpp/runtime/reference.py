@@ -22,7 +22,7 @@ import torch
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
 from hetpp.runtime.hf_weights import load_stage
-from hetpp.runtime.model import StageModule, token_loss_sum
+from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import (
     clip_coefficient,
     grads_of,
@@ -32,7 +32,30 @@ from hetpp.runtime.optim import (
     squared_norm,
 )
 from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
 from hetpp.specs.plan import Plan
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Pipelined run vs single-process reference."""
+
+    max_param_diff: float
+    """Largest |difference| over every parameter copy on every rank."""
+    max_loss_diff: float
+    """Largest |difference| of the per-step losses."""
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_param_diff <= self.tolerance and self.max_loss_diff <= self.tolerance
+
+    def __str__(self) -> str:
+        return (
+            f"verify: max parameter difference {self.max_param_diff:.3g}, max loss difference "
+            f"{self.max_loss_diff:.3g} (tolerance {self.tolerance:g}): "
+            f"{'OK' if self.ok else 'FAILED'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -51,12 +74,15 @@ def train_reference(
     resume_from: str | Path | None = None,
     device: torch.device | None = None,
 ) -> ReferenceRun:
-    dtype = getattr(torch, opts.dtype)
-    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, dtype)
+    device = device or torch.device("cpu")
+    precision = Precision.of(plan, opts.fp64)
+    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, precision.param_dtype)
     if opts.init_from:
         load_stage(model, opts.init_from)
     model.to(device)
+    precision.prepare(model, device)
     opt = make_optimizer(model.parameters(), opts)
+    scaler = LossScaler(precision.loss_scaling)
     start = samples = 0
     if resume_from is not None:
         meta = checkpoint.load(resume_from, model, opt)
@@ -66,12 +92,19 @@ def train_reference(
     losses = []
     for _ in range(start, opts.steps):
         opt.zero_grad()
-        losses.append(_accumulate(model, plan, source, samples, device))
-        if opts.clip_grad is not None:
-            norm = math.sqrt(squared_norm(model.parameters(), device or torch.device("cpu")).item())
-            scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
-        opt.step()
-        sched.step()
+        scale = scaler.scale
+        with precision.step_region(device):
+            losses.append(_accumulate(model, plan, precision, scale, source, samples, device))
+        skip = scaler.enabled and bool(has_nonfinite(model.parameters(), device).item() > 0)
+        if not skip:
+            if scale != 1.0:
+                scale_grads(model.parameters(), 1.0 / scale)
+            if opts.clip_grad is not None:
+                norm = math.sqrt(squared_norm(model.parameters(), device).item())
+                scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
+            opt.step()
+        sched.step()  # counts skipped steps too, as the runtime does
+        scaler.update(skip)
         samples += plan.global_batch
     return ReferenceRun(model, losses)
 
@@ -79,9 +112,11 @@ def train_reference(
 def _accumulate(
     model: StageModule,
     plan: Plan,
+    precision: Precision,
+    scale: float,
     source: TokenSource,
     samples: int,
-    device: torch.device | None,
+    device: torch.device,
 ) -> float:
     """Gradients of one step as the pipelines compute them (see the module docstring): each
     pipeline's micro-batches in order, then the pipelines' sums added in pipeline order. Returns
@@ -97,13 +132,41 @@ def _accumulate(
         for k in range(pipe.num_micro_batches):
             first = samples + offset + k * pipe.micro_batch_size
             inputs, targets = (t.to(device) for t in batch(source, first, pipe.micro_batch_size))
-            mb_loss = token_loss_sum(model(inputs), targets) / tokens
+            mb_loss = scaled_loss(model(inputs), targets, tokens, scale)
             mb_loss.backward()
             pipe_loss += mb_loss.item()
         loss += pipe_loss
-        grads = [g.detach().clone() for g in grads_of(params)]
+        # With several pipelines, each one's gradients cross the wire in the reduce dtype.
+        wire = precision.reduce_dtype if len(plan.pipelines) > 1 else precision.param_dtype
+        grads = [g.detach().to(wire, copy=True) for g in grads_of(params)]
         total = grads if total is None else [t.add_(g) for t, g in zip(total, grads)]
     assert total is not None  # a plan has at least one pipeline
     for p, g in zip(params, total):
-        p.grad = g
-    return loss
+        p.grad = g.to(precision.param_dtype)
+    return loss / scale
+
+
+def stage_parameters(stage: StageModule) -> dict[tuple[int, str], torch.Tensor]:
+    """Every parameter of a stage keyed by (layer index, name), tied copies included, on the CPU:
+    what --verify gathers from each rank."""
+    return {
+        (i, n): p.detach().cpu()
+        for i in range(stage.start, stage.end)
+        for n, p in stage.layer(i).named_parameters(remove_duplicate=False)
+    }
+
+
+def compare(
+    ref: ReferenceRun,
+    gathered: list[dict[tuple[int, str], torch.Tensor]],
+    losses: list[float],
+    tolerance: float,
+) -> VerifyReport:
+    """The reference against every rank's `stage_parameters` and the pipelined run's losses."""
+    diff = 0.0
+    for params in gathered:
+        for (i, name), value in params.items():
+            want = ref.model.layer(i).get_parameter(name).detach().cpu()
+            diff = max(diff, (value - want).abs().max().item())
+    loss_diff = max((abs(a - b) for a, b in zip(losses, ref.losses)), default=0.0)
+    return VerifyReport(diff, loss_diff, tolerance)

@@ -10,7 +10,9 @@ sets on a shared CPU), so time the rank spends descheduled while other processes
 of the emulated device's time (sleeping `compute * (factor - 1)` after the call, as first built,
 added it on top; measured: docs/benchmarks-runtime-choices.md).
 Sleeping (not spinning) leaves the CPU to the other ranks of the box. It is a test and demo
-harness, not a model of a GPU.
+harness, not a model of a GPU. On CUDA without emulation, each call is timed with CUDA events on
+the compute stream instead, read once per step: no `synchronize` after every call, which would
+also wait for the P2P streams and stop communication from overlapping compute.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch.distributed.pipelining import PipelineStage
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that accumulates its compute seconds in `compute_s`."""
+    """A PipelineStage that accumulates its compute seconds (`take_compute_s`)."""
 
     def __init__(
         self,
@@ -39,13 +41,19 @@ class TimedStage(PipelineStage):
         self.before_last_backward = before_last_backward
         """Called when the schedule starts the step's last backward (gradients become final)."""
         self.compute_s = 0.0
-        """Seconds of (stretched) forward and backward compute since the last reset."""
+        """Seconds of (stretched) forward and backward compute since the last reset (CPU)."""
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        """CUDA: (start, end) events of each timed call since the last reset."""
 
     def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.device.type == "cuda" and self.slowdown == 1.0:
+            return self._timed_cuda(fn, *args, **kwargs)
         t0, cpu0 = time.perf_counter(), time.thread_time()
         out = fn(*args, **kwargs)
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # kernels are asynchronous; time their completion
+            torch.cuda.synchronize(
+                self.device
+            )  # emulating on a GPU: the stretch needs the time now
         if self.slowdown > 1.0:
             # The call ends `factor x` its CPU time after it began: CPU time, not wall time, so
             # that time spent descheduled (other ranks or other work on a shared CPU) is neither
@@ -54,6 +62,26 @@ class TimedStage(PipelineStage):
             time.sleep(max(0.0, target - (time.perf_counter() - t0)))
         self.compute_s += time.perf_counter() - t0
         return out
+
+    def _timed_cuda(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Time the call with CUDA events on the compute stream: no synchronize, so the P2P
+        streams and the gradient all-reduces keep overlapping compute (read in `take_compute_s`)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn(*args, **kwargs)
+        end.record()
+        self.events.append((start, end))
+        return out
+
+    def take_compute_s(self) -> float:
+        """Compute seconds since the last call, and reset (on CUDA, waits for the timed kernels:
+        called once per step, after the schedule)."""
+        total = self.compute_s
+        for start, end in self.events:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1e3
+        self.compute_s, self.events = 0.0, []
+        return total
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(super().forward_one_chunk, *args, **kwargs)

@@ -6,6 +6,7 @@ Started once per plan device, by `torchrun -m hetpp.train` or by `hetpp train`'s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -20,65 +21,25 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
+from hetpp.runtime.contract import check_executable, describe
 from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_batch
+from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
-from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
+from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
 from hetpp.runtime.hf_weights import load_stage
-from hetpp.runtime.metrics import MetricsLog, StepMetrics, print_summary
-from hetpp.runtime.model import StageModule, token_loss_sum
-from hetpp.runtime.optim import make_optimizer, make_scheduler
+from hetpp.runtime.memory import MemoryProbe
+from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
+from hetpp.runtime.model import StageModule
+from hetpp.runtime.optim import make_optimizer, make_scheduler, scale_grads
 from hetpp.runtime.options import TrainOptions
-from hetpp.runtime.reference import train_reference
+from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
+from hetpp.runtime.recompute import recompute_blocks
+from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
 from hetpp.specs.schedule import SCHEDULES
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistEnv:
-    """Where this process sits in the job and how it meets the others."""
-
-    rank: int
-    world_size: int
-    local_rank: int = 0
-    """Index among the processes of this node (picks the GPU)."""
-    local_world_size: int = 1
-    """Processes on this node (CPU threads are shared among them)."""
-    init_method: str = "env://"
-    """Rendezvous: env:// (MASTER_ADDR/MASTER_PORT, as torchrun sets) or tcp://host:port."""
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        env = os.environ
-        try:
-            return cls(
-                rank=int(env["RANK"]),
-                world_size=int(env["WORLD_SIZE"]),
-                local_rank=int(env.get("LOCAL_RANK", 0)),
-                local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
-            )
-        except KeyError as e:
-            raise SpecError(
-                f"{e.args[0]} is not set; start ranks with torchrun or `hetpp train`",
-                field="environment",
-            ) from None
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """Pipelined run vs single-process reference."""
-
-    max_param_diff: float
-    """Largest |difference| over every parameter copy on every rank."""
-    max_loss_diff: float
-    """Largest |difference| of the per-step losses."""
-    tolerance: float
-
-    @property
-    def ok(self) -> bool:
-        return self.max_param_diff <= self.tolerance and self.max_loss_diff <= self.tolerance
 
 
 @dataclass(frozen=True)
@@ -135,11 +96,13 @@ def _resume(
 
 def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> RunResult:
     """Train this rank's part of the plan; collective over all `plan.num_devices` ranks."""
-    if env.world_size != plan.num_devices:
-        raise SpecError(
-            f"the plan uses {plan.num_devices} devices but {env.world_size} ranks were started",
-            field="pipelines",
-        )
+    check_executable(plan, opts.fp64)
+    rank = plan_rank(plan, env.rank, env.world_size)
+    if rank is None:
+        print(f"hetpp rank {env.rank}: device {env.rank} is not in the plan; exiting", flush=True)
+        return RunResult([], None)
+    # The plan's ranks form the process group; a rank started for an unused device never joins.
+    env = dataclasses.replace(env, rank=rank, world_size=plan.num_devices)
     device, backend = _device(env)
     activity("joining the process group")
     dist.init_process_group(
@@ -165,19 +128,28 @@ class RankTrainer:
     ):
         self.plan, self.opts, self.rank, self.note = plan, opts, env.rank, activity
         self.world, self.device = env.world_size, device
-        self.role = role = role_of(plan, env.rank)
+        self.ranks = ranks = RankMap.of(plan)
+        self.role = role = ranks.role(env.rank)
         self.pipe = plan.pipelines[role.pipeline]
         activity("creating process groups")
-        groups = Groups(plan, self.rank, opts.timeout_s)
-        self.stage = StageModule(plan.model, *role.layers, opts.seed, getattr(torch, opts.dtype))
+        groups = Groups(ranks, self.rank, opts.timeout_s)
+        self.precision = Precision.of(plan, opts.fp64)
+        self.scaler = LossScaler(self.precision.loss_scaling)
+        self.stage = StageModule(plan.model, *role.layers, opts.seed, self.precision.param_dtype)
         if opts.init_from:
             load_stage(self.stage, opts.init_from)
         self.stage.to(device)
+        self.precision.prepare(self.stage, device)
+        self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
+        if self.pipe.stages[role.stage].recomputes(plan.train):
+            recompute_blocks(self.stage, self.probe.meter if self.probe else None)
         self.opt = make_optimizer(self.stage.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
         self.sched = make_scheduler(self.opt, opts, self.start)
-        self.sync = GradSync(plan, self.rank, self.stage, groups, device)
+        self.sync = GradSync(
+            ranks, self.rank, self.stage, groups, device, self.precision.reduce_dtype
+        )
         self.pstage = TimedStage(
             self.stage,
             role.stage,
@@ -191,45 +163,47 @@ class RankTrainer:
         self.schedule = getattr(pipelining, SCHEDULES[plan.schedule].torch_class)(
             self.pstage,
             self.pipe.num_micro_batches,
-            loss_fn=lambda out, tgt: token_loss_sum(out, tgt) / tokens,
+            loss_fn=lambda out, tgt: scaled_loss(out, tgt, tokens, self.scaler.scale),
             scale_grads=False,  # the loss is already divided by the global token count
         )
         self.source = make_source(opts.data, plan, opts.seed)
         self.offset = pipeline_slices(plan)[role.pipeline][0]
         self.val = _validation_rows(opts, plan)
         self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
-        ranks = list(pipeline_ranks(plan)[role.pipeline])
         self.where = (
-            f"pipeline schedule (pipeline {role.pipeline}, ranks {ranks}, stage {role.stage})"
+            f"pipeline schedule (pipeline {role.pipeline}, "
+            f"ranks {list(ranks.pipelines[role.pipeline])}, stage {role.stage})"
         )
 
     def train(self) -> RunResult:
         opts, plan = self.opts, self.plan
         log = MetricsLog(opts.metrics, self.start > 0, opts.tensorboard) if self.rank == 0 else None
         if log is not None:
-            _announce(plan, opts, self.start, self.resumed_from)
+            _announce(plan, opts, self.ranks, self.precision, self.start, self.resumed_from)
         for step in range(self.start + 1, opts.steps + 1):
             times, loss, norm = self.step(step)
             self.note(f"step {step}: metrics all-reduce over all ranks")
             # One all-reduce per step: the loss (summed over the pipelines' last stages) and
-            # every rank's (compute, wait, comm, total) seconds.
-            vec = torch.zeros(1 + 4 * self.world, dtype=torch.float64, device=self.device)
-            vec[0] = loss
-            vec[1 + 4 * self.rank : 5 + 4 * self.rank] = torch.tensor(times)
+            # every rank's seconds.
+            packed = pack_step(loss, times, self.rank, self.world)
+            vec = torch.tensor(packed, dtype=torch.float64, device=self.device)
             dist.all_reduce(vec)
             val = self.evaluate(step) if _eval_due(step, opts) else None
             if log is not None:
-                record = _step_metrics(step, vec.tolist(), self.world, plan, norm)
+                record = unpack_step(step, vec.tolist(), plan.global_batch, plan.seq_len, norm)
                 log.add(dataclasses.replace(record, lr=self.lr, val_loss=val))
                 _progress(log.records[-1], opts.steps)
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
                 self.save_checkpoint(step)
         records = log.records if log is not None else []
+        if self.probe is not None:
+            self.note("gathering memory measurements")
+            self.report_memory(log)
         if log is not None:
             log.close()
             if records:
-                print_summary(records, plan_devices(plan))
+                print_summary(records, list(self.ranks.devices))
         report = None
         if opts.verify:
             self.note("gathering parameters for --verify")
@@ -241,29 +215,61 @@ class RankTrainer:
         gradient norm before clipping)."""
         t0 = time.perf_counter()
         self.opt.zero_grad()
-        self.pstage.compute_s = 0.0
         args, target, losses = (), None, None
         if self.first or self.last:
             inputs, targets = batch(self.source, self.samples + self.offset, self.pipe.batch)
             args = (inputs.to(self.device),) if self.first else ()
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
+        if self.probe is not None and step == self.start + 2:
+            self.probe.reset()  # steady state: step 1 also runs the schedule's shape inference
         self.note(f"step {step}: {self.where}")
-        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        with self.precision.step_region(self.device), self.probe_region():
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        compute = self.pstage.take_compute_s()
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
-        # The norm is always measured (a metric); without --clip-grad the factor is exactly 1.
-        self.note(f"step {step}: gradient-norm all-reduce over all ranks")
-        norm = self.sync.clip(self.opts.clip_grad or math.inf, self.stage)
+        scale, skip = self.scaler.scale, self.overflowed(step)
+        norm = None
+        if not skip:
+            if scale != 1.0:
+                scale_grads(self.stage.parameters(), 1.0 / scale)
+            # The norm is always measured (a metric); without --clip-grad the factor is exactly 1.
+            self.note(f"step {step}: gradient-norm all-reduce over all ranks")
+            norm = self.sync.clip(self.opts.clip_grad or math.inf, self.stage)
         t_comm = time.perf_counter()
         self.lr = self.sched.get_last_lr()[0]  # this update's rate, for the metrics
-        self.opt.step()
+        if not skip:
+            self.opt.step()
+        # The schedule counts steps, skipped (fp16 overflow) ones included, as the reference does.
         self.sched.step()
+        self.scaler.update(skip)
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
-        compute = self.pstage.compute_s
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
-        return times, sum(float(x.detach()) for x in losses or ()), norm
+        return times, sum(float(x.detach()) for x in losses or ()) / scale, norm
+
+    def probe_region(self) -> contextlib.AbstractContextManager:
+        return self.probe.region() if self.probe is not None else contextlib.nullcontext()
+
+    def report_memory(self, log: MetricsLog | None) -> None:
+        """Every rank's measured memory, gathered to rank 0 and written to --metrics (the CLI
+        sets the cost model's prediction beside it)."""
+        mine = self.probe.record(self.rank, self.role.device, self.stage, self.opt)
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        for record in gathered or ():
+            log.write(record)
+
+    def overflowed(self, step: int) -> bool:
+        """fp16: whether any rank's gradients hold an inf or NaN (one all-reduce, so that every
+        rank skips the same steps); always False without loss scaling."""
+        if not self.scaler.enabled:
+            return False
+        self.note(f"step {step}: inf/NaN check all-reduce over all ranks")
+        flag = has_nonfinite(self.stage.parameters(), self.device)
+        dist.all_reduce(flag)
+        return bool(flag.item() > 0)
 
     def evaluate(self, step: int) -> float:
         """Mean validation loss over `eval_batches` held-out global batches: forward only, through
@@ -277,8 +283,10 @@ class RankTrainer:
             args = (rows[:, :-1],) if self.first else ()
             losses: list | None = [] if self.last else None
             target = rows[:, 1:] if self.last else None
-            self.schedule.eval(*args, target=target, losses=losses)
-            total += sum(float(x.detach()) for x in losses or ())
+            with self.precision.step_region(self.device):
+                self.schedule.eval(*args, target=target, losses=losses)
+            # The loss function multiplies by the fp16 loss scale (1 otherwise).
+            total += sum(float(x.detach()) for x in losses or ()) / self.scaler.scale
         dist.all_reduce(total)
         return total.item() / self.opts.eval_batches
 
@@ -300,48 +308,16 @@ class RankTrainer:
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:
         """Rank 0 trains the same steps in one process and compares every copy of every
         parameter on every rank with it."""
-        stage = self.stage
-        mine = {
-            (i, n): p.detach().cpu()
-            for i in range(stage.start, stage.end)
-            for n, p in stage.layer(i).named_parameters(remove_duplicate=False)
-        }
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
+        dist.gather_object(stage_parameters(self.stage), gathered, dst=0)
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)
-        diff = 0.0
-        for params in gathered:
-            for (i, name), value in params.items():
-                want = ref.model.layer(i).get_parameter(name).detach().cpu()
-                diff = max(diff, (value - want).abs().max().item())
-        loss_diff = max((abs(r.loss - x) for r, x in zip(records, ref.losses)), default=0.0)
-        report = VerifyReport(diff, loss_diff, self.opts.tolerance)
-        print(
-            f"verify: max parameter difference {diff:.3g}, max loss difference {loss_diff:.3g} "
-            f"(tolerance {report.tolerance:g}): {'OK' if report.ok else 'FAILED'}",
-            flush=True,
+        report = compare(
+            ref, gathered, [r.loss for r in records], self.opts.tolerance(self.precision.name)
         )
+        print(report, flush=True)
         return report
-
-
-def _step_metrics(
-    step: int, vec: list[float], world: int, plan: Plan, norm: float | None
-) -> StepMetrics:
-    per = [vec[1 + 4 * r : 5 + 4 * r] for r in range(world)]
-    step_s = max(p[3] for p in per)
-    return StepMetrics(
-        step=step,
-        loss=vec[0],
-        step_s=step_s,
-        grad_norm=norm,
-        samples_per_s=plan.global_batch / step_s,
-        tokens_per_s=plan.global_batch * plan.seq_len / step_s,
-        compute_s=tuple(p[0] for p in per),
-        wait_s=tuple(p[1] for p in per),
-        comm_s=tuple(p[2] for p in per),
-    )
 
 
 def _eval_due(step: int, opts: TrainOptions) -> bool:
@@ -361,22 +337,19 @@ def _validation_rows(opts: TrainOptions, plan: Plan) -> torch.Tensor | None:
     return rows
 
 
-def _announce(plan: Plan, opts: TrainOptions, start: int, resumed_from: Path | None) -> None:
-    shapes = "; ".join(
-        f"pipeline {p}: {len(pipe.stages)} stage(s) on devices {pipe.devices}, batch {pipe.batch} "
-        f"({pipe.num_micro_batches} x {pipe.micro_batch_size})"
-        for p, pipe in enumerate(plan.pipelines)
-    )
-    print(
-        f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, {plan.schedule}; {shapes}",
-        flush=True,
-    )
+def _announce(
+    plan: Plan,
+    opts: TrainOptions,
+    ranks: RankMap,
+    precision: Precision,
+    start: int,
+    resumed_from: Path | None,
+) -> None:
+    print("\n".join(describe(plan, precision.describe())), flush=True)
     if resumed_from is not None:
         print(f"resumed from {resumed_from} at step {start}", flush=True)
     if opts.emulate and plan.cluster is not None:
-        factors = ", ".join(
-            f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in plan_devices(plan)
-        )
+        factors = ", ".join(f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in ranks.devices)
         print(f"emulating device slowdowns {factors}", flush=True)
 
 

@@ -151,7 +151,8 @@ def _activation_peaks(
     saved, transient, buffers = [], [], []
     for st in stages:
         mbs = plan.pipelines[st.pipeline].micro_batch_size
-        costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs)
+        recompute = plan.pipelines[st.pipeline].stages[st.stage].recomputes(plan.train)
+        costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute)
         a, b = st.layers
         saved.append(costs.saved(a, b))
         transient.append(float(costs.peak_extra_bytes[a:b].max(initial=0.0)))

@@ -40,6 +40,12 @@ class StagePlan(BaseModel):
     """Device ids (one today; a tensor-parallel group later)."""
     layers: tuple[NonNegativeInt, NonNegativeInt]
     """Layer range [start, end) over the model's layer list."""
+    recompute: bool | None = None
+    """Recompute this stage's blocks in backward; None: the plan's `train.recompute`."""
+
+    def recomputes(self, train: TrainSpec) -> bool:
+        """Whether this stage recomputes, its own flag or the plan's default."""
+        return train.recompute if self.recompute is None else self.recompute
 
     @property
     def device(self) -> int:

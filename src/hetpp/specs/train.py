@@ -25,8 +25,9 @@ class TrainSpec(BaseModel):
     precision: Precision = "bf16"
     """Weights/activations dtype; bf16/fp16 imply mixed precision with fp32 master weights."""
     grad_bytes_per_param: PositiveInt = 2
-    """Bytes of each gradient element (2 for bf16 grads, 4 for fp32; fp32 training defaults
-    to 4)."""
+    """Bytes of each gradient element the block-wise all-reduces send (2: bf16, 4: fp32; fp32
+    training defaults to 4). Stages keep fp32 gradients whatever this is
+    (`kept_grad_bytes_per_param`)."""
     optimizer_bytes_per_param: NonNegativeFloat = 12.0
     """Optimizer state per parameter: fp32 master + Adam m and v = 12 bytes (16 with weights
     and grads in bf16, the usual mixed-precision Adam figure); fp32 training has no master copy
@@ -53,9 +54,16 @@ class TrainSpec(BaseModel):
         return DTYPE_BYTES[self.precision]
 
     @property
+    def kept_grad_bytes_per_param(self) -> int:
+        """Bytes per gradient element a stage keeps: the runtime accumulates gradients in the
+        fp32 master weights' dtype, so at least 4, whatever the reduction sends."""
+        return max(self.grad_bytes_per_param, 4)
+
+    @property
     def state_bytes_per_param(self) -> float:
-        """Weights + grads + optimizer state, bytes per parameter."""
-        return self.dtype_bytes + self.grad_bytes_per_param + self.optimizer_bytes_per_param
+        """Weights + kept grads + optimizer state, bytes per parameter (18 in bf16 mixed
+        precision: 2 + 4 + 12; 16 in fp32: 4 + 4 + 8)."""
+        return self.dtype_bytes + self.kept_grad_bytes_per_param + self.optimizer_bytes_per_param
 
     @property
     def reserve_bytes(self) -> int:

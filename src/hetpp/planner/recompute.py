@@ -1,0 +1,34 @@
+"""Recomputation per stage: a plan searched with recomputation on pays for it only where needed.
+
+The search decides recomputation for a whole plan (it sizes stages and batch shares with it). A
+stage that fits its device without it should not pay the extra forward in backward, so this
+post-pass turns it off on each such stage (`StagePlan.recompute = False`); the caller re-costs the
+plan (`step_cost` honours per-stage flags). Turning recomputation off only makes a stage faster,
+so the plan's speed can only improve; the batch split is kept as the search made it.
+"""
+
+from __future__ import annotations
+
+from hetpp.cost.memory import stage_memory
+from hetpp.planner.problem import Problem
+from hetpp.specs.plan import Plan
+from hetpp.specs.schedule import SCHEDULES
+
+
+def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
+    """`plan` with recomputation off on every stage that fits without it."""
+    if not plan.train.recompute:
+        return plan
+    cm = problem.cost_model(False)
+    cluster, schedule = problem.cluster, plan.schedule
+    pipelines = []
+    for pipe in plan.pipelines:
+        stages = []
+        for s, st in enumerate(pipe.stages):
+            gpu = cluster.gpu(st.device)
+            costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
+            k = SCHEDULES[schedule].in_flight(s, len(pipe.stages), pipe.num_micro_batches)
+            fits = stage_memory(cm.model, cm.train, costs, *st.layers, k).total <= gpu.memory_bytes
+            stages.append(st.model_copy(update={"recompute": False}) if fits else st)
+        pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))
+    return plan.model_copy(update={"pipelines": tuple(pipelines)})

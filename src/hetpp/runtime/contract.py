@@ -1,0 +1,64 @@
+"""What the runtime can execute of a plan, checked before any rank starts.
+
+A plan is data the planner, the simulator and the runtime all read; the runtime must not quietly
+run something else than it says. `check_executable` names the first field it cannot honour
+(SpecError: `hetpp train` exits 2 before launching, a torchrun rank before joining the group).
+No torch here: the launcher runs it.
+"""
+
+from __future__ import annotations
+
+from hetpp.specs.errors import SpecError
+from hetpp.specs.plan import Plan
+
+RUNTIME_SCHEDULES = ("1f1b", "gpipe")
+"""Schedules the runtime runs (torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe)."""
+REDUCE_BYTES = (2, 4)
+"""Gradient all-reduce element sizes the runtime has a dtype for (bf16/fp16, fp32)."""
+
+
+def check_executable(plan: Plan, fp64: bool = False) -> None:
+    """Raise SpecError naming the first plan field the runtime cannot execute as written."""
+    train = plan.train
+    if train.schedule not in RUNTIME_SCHEDULES:
+        raise SpecError(
+            f"{train.schedule!r}: the runtime runs {', '.join(RUNTIME_SCHEDULES)}",
+            field="train.schedule",
+        )
+    if train.grad_bytes_per_param not in REDUCE_BYTES:
+        raise SpecError(
+            f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
+            "or 4 (fp32) bytes",
+            field="train.grad_bytes_per_param",
+        )
+    if fp64 and train.precision != "fp32":
+        raise SpecError(
+            f"--fp64 runs an fp32 plan in float64; this plan is {train.precision}",
+            field="train.precision",
+        )
+    for p, pipe in enumerate(plan.pipelines):
+        for s, st in enumerate(pipe.stages):
+            if len(st.devices) != 1:
+                raise SpecError(
+                    f"{len(st.devices)} devices: the runtime runs one device per stage "
+                    "(no tensor parallelism yet)",
+                    field=f"pipelines[{p}].stages[{s}].devices",
+                )
+
+
+def describe(plan: Plan, precision: str) -> list[str]:
+    """What the runtime executes of `plan`, as rank 0 prints it before the first step;
+    `precision` says how the plan's precision runs (`Precision.describe`)."""
+    lines = [
+        f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, schedule {plan.schedule}",
+        f"  precision {precision}",
+    ]
+    for p, pipe in enumerate(plan.pipelines):
+        spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
+        again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]
+        lines.append(
+            f"  pipeline {p}: devices {pipe.devices}, layers {spans}, batch {pipe.batch} "
+            f"({pipe.num_micro_batches} x {pipe.micro_batch_size}), recompute "
+            + (f"stages {again}" if again else "off")
+        )
+    return lines
