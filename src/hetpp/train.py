@@ -6,17 +6,15 @@ so does `hetpp train`'s local launcher. Rank and rendezvous come from the enviro
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from hetpp.cli.main import OneLineParser
 from hetpp.runtime.options import add_arguments, from_args
 from hetpp.specs.errors import SpecError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hetpp.train", description=__doc__.splitlines()[0]
-    )
+    parser = OneLineParser(prog="python -m hetpp.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -23,8 +23,16 @@ def _command_modules() -> list[str]:
     return sorted(n for n in names if n != "main" and not n.startswith("_"))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage before its error; one line that names the option and
+    points to --help is easier to read, and to test (bad input always ends in one line)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hetpp",
         description="Plan, simulate and train transformers on heterogeneous GPU clusters.",
     )
@@ -39,11 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         # rich falls back to 80 columns when piped, which squeezes the wide plan tables into
         # unreadable cells; logs and CI output can afford more.
         os.environ.setdefault("COLUMNS", "140")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a bad option (one line already printed)
+        return int(e.code or 0)
     try:
         return int(args.func(args) or 0)
     except SpecError as e:
         print(f"hetpp {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file system error no reader turned into a SpecError
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"hetpp {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -11,6 +11,7 @@ from hetpp.planner import STRATEGIES, Problem, plan, unused_devices
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
 
 EXAMPLES = """examples:
   hetpp plan --cluster cluster.yaml --model llama2-7b --global-batch 512
@@ -54,6 +55,7 @@ def run_strategy(
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "--out")
     problem = problem_from(args)
     with search_progress(not args.json) as report:
         result = run_strategy(problem, args.strategy, report)

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from hetpp.cli._options import int_list
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
+from hetpp.specs.values import positive_int
 
 EXAMPLES = """examples:
   hetpp profile --model tiny-gpt --device cpu --seq-len 128 --out cpu.csv
   hetpp profile --model gpt3-1.3b --device cuda --micro-batch-sizes 1,2,4,8 --gpu-name A100-80GB \\
       --out a100.csv
 """
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4; got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("micro-batch sizes must be positive integers")
-    return sizes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,15 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="preset name or model config file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--micro-batch-sizes", type=_sizes, default=[1, 2, 4], metavar="1,2,4")
-    p.add_argument("--seq-len", type=int, help="default: the model's max_seq_len, at most 2048")
+    p.add_argument("--micro-batch-sizes", type=int_list, default=(1, 2, 4), metavar="1,2,4")
+    p.add_argument(
+        "--seq-len", type=positive_int, help="default: the model's max_seq_len, at most 2048"
+    )
     p.add_argument("--gpu-name", help="type name for the rows (default: CPU, or the CUDA name)")
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
         help="default float32 on cpu, bfloat16 on cuda",
     )
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (median taken)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per point (median taken)"
+    )
     p.add_argument("--out", required=True, help="CSV file to write")
     p.set_defaults(func=run)
 
@@ -61,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(
             f"must be in 1..{config.max_seq_len} (the model's max_seq_len)", field="--seq-len"
         )
-    if args.repeats < 1:
-        raise SpecError("must be at least 1", field="--repeats")
+    check_output_file(args.out, "--out")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecError("CUDA is not available on this machine", field="--device")
     device = torch.device(args.device)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 
 from hetpp.runtime.options import add_arguments, from_args
-from hetpp.specs.errors import SpecError
 
 EXAMPLES = """examples:
   hetpp train --plan plan.json --steps 20 --metrics run.jsonl
@@ -35,13 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hetpp.runtime.launch import launch
+    from hetpp.runtime.preflight import check_run
     from hetpp.specs.plan import load_plan
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
-    # Checked here so a bad input gives one message, not one per rank.
-    if opts.emulate and plan.cluster is None:
-        raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
-    if opts.data is not None and not Path(opts.data).is_file():
-        raise SpecError("file not found", file=opts.data, field="--data")
+    # Checked here so a bad input gives one message before any work, not one per rank after it.
+    for notice in check_run(opts, plan):
+        print(f"hetpp train: {notice}", file=sys.stderr, flush=True)
     return launch(opts, plan.num_devices)

@@ -11,8 +11,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hetpp.specs.errors import SpecError
+from hetpp.specs.values import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    require,
+)
 
 DEFAULT_VERIFY_TOL = {"float32": 1e-5, "float64": 1e-10}
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: longer timeouts overflow the process group's timedelta and mean "never"."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,17 +68,21 @@ class TrainOptions:
     """Collective/P2P timeout: a rank whose peer died or hangs stops after at most this long."""
 
     def __post_init__(self) -> None:
+        positive = ("steps", "lr", "clip_grad", "timeout_s")
+        non_negative = ("seed", "weight_decay", "verify_tol", "checkpoint_every")
+        for name in positive + non_negative:
+            value = getattr(self, name)
+            if value is not None:
+                bound = {"above": 0.0} if name in positive else {"least": 0.0}
+                require(value, _flag(name), **bound)
         checks = (
-            (self.steps >= 1, "steps", "must be at least 1"),
-            (self.lr > 0, "lr", "must be positive"),
-            (self.clip_grad is None or self.clip_grad > 0, "clip_grad", "must be positive"),
-            (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 or more"),
-            (self.timeout_s > 0, "timeout_s", "must be positive"),
+            (self.seed < 2**63, "seed", "must be below 2**63"),
+            (self.timeout_s <= MAX_TIMEOUT_S, "timeout_s", f"must be at most {MAX_TIMEOUT_S:g}"),
             (not self.resume or self.checkpoint_dir, "resume", "needs --checkpoint-dir"),
         )
         for ok, name, msg in checks:
             if not ok:
-                raise SpecError(msg, field="--" + name.replace("_", "-"))
+                raise SpecError(msg, field=_flag(name))
 
     @property
     def tolerance(self) -> float:
@@ -87,20 +100,26 @@ class TrainOptions:
         return argv
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the training flags; `from_args` reads them back (unset flags keep the defaults)."""
     d = TrainOptions
     p.add_argument("--plan", required=True, help="plan JSON (from the planner or written by hand)")
-    p.add_argument("--steps", type=int, help=f"train until this step (default {d.steps})")
+    p.add_argument("--steps", type=positive_int, help=f"train until this step (default {d.steps})")
     p.add_argument(
         "--data", help="text file (bytes as tokens) or .bin uint16 tokens; default synthetic"
     )
-    p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
+    p.add_argument("--seed", type=non_negative_int, help="seed of weights and synthetic data")
     p.add_argument("--dtype", choices=("float32", "float64"), help=f"default {d.dtype}")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), help=f"default {d.optimizer}")
-    p.add_argument("--lr", type=float, help=f"learning rate (default {d.lr})")
-    p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
-    p.add_argument("--clip-grad", type=float, metavar="X", help="clip the global grad norm to X")
+    p.add_argument("--lr", type=positive_float, help=f"learning rate (default {d.lr})")
+    p.add_argument("--weight-decay", type=non_negative_float, help=f"default {d.weight_decay}")
+    p.add_argument(
+        "--clip-grad", type=positive_float, metavar="X", help="clip the global grad norm to X"
+    )
     p.add_argument(
         "--emulate",
         action="store_true",
@@ -113,14 +132,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--verify-tol",
-        type=float,
+        type=non_negative_float,
         metavar="T",
         help="allowed difference (default 1e-5 float32, 1e-10 float64)",
     )
     p.add_argument("--checkpoint-dir", metavar="D", help="plan-independent checkpoints go here")
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=non_negative_int,
         metavar="K",
         help="also checkpoint every K steps (default: only at the end)",
     )
@@ -132,7 +151,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", metavar="F.jsonl", help="write per-step metrics here")
     p.add_argument(
         "--timeout-s",
-        type=float,
+        type=positive_float,
         metavar="S",
         help=f"give up on a silent peer after S seconds (default {d.timeout_s:g})",
     )

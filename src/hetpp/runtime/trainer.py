@@ -18,9 +18,11 @@ import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from hetpp.runtime import checkpoint
+from hetpp.runtime.checkpoint_meta import check_resumable
 from hetpp.runtime.data import batch, make_source, pipeline_slices
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
+from hetpp.runtime.guards import check_step
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, print_summary
 from hetpp.runtime.model import StageModule, token_loss_sum
 from hetpp.runtime.optim import make_optimizer
@@ -118,13 +120,7 @@ def _resume(
     path = checkpoint.latest(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
     if path is None:
         return 0, 0, None
-    meta = checkpoint.read_meta(path)
-    if meta.optimizer != opts.optimizer or meta.seed != opts.seed:
-        raise SpecError(
-            f"the checkpoint was trained with --optimizer {meta.optimizer} --seed "
-            f"{meta.seed}; resume with the same",
-            file=str(path),
-        )
+    check_resumable(path, stage.config.model_dump(mode="json"), opts.optimizer, opts.seed)
     meta = checkpoint.load(path, stage, opt)
     return meta.step, meta.samples, path
 
@@ -212,6 +208,7 @@ class RankTrainer:
             if log is not None:
                 log.add(_step_metrics(step, vec.tolist(), self.world, plan, norm))
                 _progress(log.records[-1], opts.steps)
+            check_step(step, vec[0].item(), norm)  # every rank sees the same numbers
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
                 self.save_checkpoint(step)

@@ -13,13 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from hetpp.specs.limits import MAX_LAYERS
+
 LayerKind = Literal["embedding", "block", "head"]
 
 
 class ModelConfig(BaseModel):
     """Architecture of a decoder-only transformer (GPT or Llama family)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "custom"
     """Preset or checkpoint name, shown in reports."""
@@ -27,8 +29,8 @@ class ModelConfig(BaseModel):
     """gpt: LayerNorm + GELU MLP + biases; llama: RMSNorm + SwiGLU, no dense biases."""
     vocab_size: PositiveInt
     hidden_size: PositiveInt
-    num_layers: PositiveInt
-    """Transformer blocks."""
+    num_layers: PositiveInt = Field(le=MAX_LAYERS)
+    """Transformer blocks (at most `limits.MAX_LAYERS`)."""
     num_heads: PositiveInt
     num_kv_heads: PositiveInt | None = None
     """Grouped-query attention; None means `num_heads` (multi-head attention)."""

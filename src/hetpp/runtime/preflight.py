@@ -1,0 +1,89 @@
+"""Everything `hetpp train` can check before it starts a rank: every option and path, the
+checkpoint to resume from, and whether the model fits this machine's memory. A mistake found here
+costs nothing; found by the ranks it gives one message per rank, and found after training (an
+unwritable checkpoint directory) it loses the run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hetpp.runtime.checkpoint_meta import check_resumable, latest
+from hetpp.runtime.options import TrainOptions
+from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_dir, check_output_file
+from hetpp.specs.model import ModelSpec
+from hetpp.specs.plan import Plan
+
+STATE_COPIES = {"adamw": 4, "sgd": 3}
+"""Tensors per parameter a rank holds: weights, gradients and the optimizer's moments."""
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+
+
+def check_run(opts: TrainOptions, plan: Plan) -> list[str]:
+    """SpecError naming the option or file that would make the run fail; else the notices to
+    print (nothing wrong, but worth saying before the ranks start)."""
+    if opts.emulate and plan.cluster is None:
+        raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
+    if opts.metrics is not None:
+        check_output_file(opts.metrics, "--metrics")
+    if opts.data is not None:
+        _check_data(opts, plan)
+    notices = _check_checkpoints(opts, plan) if opts.checkpoint_dir else []
+    _check_host_memory(opts, plan)
+    return notices
+
+
+def _check_data(opts: TrainOptions, plan: Plan) -> None:
+    from hetpp.runtime.data import make_source  # torch: only when there is a data file
+
+    try:
+        make_source(opts.data, plan, opts.seed)
+    except OSError as e:
+        raise SpecError(
+            f"cannot read ({e.strerror or e})", file=opts.data, field="--data"
+        ) from None
+    except ValueError as e:  # numpy refuses an empty or misaligned file
+        if isinstance(e, SpecError):
+            raise
+        raise SpecError(f"not a token file ({e})", file=opts.data, field="--data") from None
+
+
+def _check_checkpoints(opts: TrainOptions, plan: Plan) -> list[str]:
+    assert opts.checkpoint_dir is not None
+    check_output_dir(opts.checkpoint_dir, "--checkpoint-dir")
+    if not opts.resume:
+        return []
+    path = latest(opts.checkpoint_dir)
+    if path is None:
+        # A notice, not an error: the same command can then start a job and restart it.
+        return [f"--resume: no complete checkpoint in {opts.checkpoint_dir}; starting at step 0"]
+    model = plan.model.model_dump(mode="json")
+    meta = check_resumable(path, model, opts.optimizer, opts.seed)
+    if meta.step >= opts.steps:
+        return [f"--resume: {path} is at step {meta.step}, --steps is {opts.steps}: nothing to do"]
+    return []
+
+
+def _check_host_memory(opts: TrainOptions, plan: Plan) -> None:
+    """Refuse a model whose weights, gradients and optimizer state cannot fit in this machine's
+    memory (all local ranks together), instead of letting the ranks allocate until killed."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    spec = ModelSpec(config=plan.model, seq_len=plan.seq_len)
+    params = sum(
+        spec.layers[i].stored_params
+        for pipe in plan.pipelines
+        for stage in pipe.stages
+        for i in range(*stage.layers)
+    )
+    need = params * DTYPE_BYTES[opts.dtype] * STATE_COPIES[opts.optimizer]
+    if need > total:
+        raise SpecError(
+            f"the ranks need about {need / 1e9:,.1f} GB for weights, gradients and optimizer "
+            f"state, more than this machine's {total / 1e9:,.1f} GB",
+            file=str(Path(opts.plan)),
+            field="model",
+        )
