@@ -20,6 +20,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
 from hetpp.runtime.data import batch, make_source, pipeline_slices
+from hetpp.runtime.devices import pick_device
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, Role, pipeline_ranks, plan_devices, role_of
 from hetpp.runtime.guards import check_step
@@ -97,12 +98,11 @@ class Activity:
         self.now = what
 
 
-def _device(env: DistEnv) -> tuple[torch.device, str]:
-    if torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size:
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank), "nccl"
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
-    return torch.device("cpu"), "gloo"
+def _device(env: DistEnv, plan: Plan, emulate: bool) -> tuple[torch.device, str]:
+    device, backend = pick_device(plan, env.rank, env.local_rank, env.local_world_size, emulate)
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    return device, backend
 
 
 def _slowdown(plan: Plan, role: Role, opts: TrainOptions) -> float:
@@ -132,7 +132,7 @@ def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> Run
             f"the plan uses {plan.num_devices} devices but {env.world_size} ranks were started",
             field="pipelines",
         )
-    device, backend = _device(env)
+    device, backend = _device(env, plan, opts.emulate)
     activity("joining the process group")
     dist.init_process_group(
         backend,
