@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from disthelpers import make_plan, pipeline, train
 
 from hetpp.cli.main import main
 from hetpp.runtime import checkpoint
+from hetpp.runtime.checkpoint_meta import check_resumable
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.preflight import check_run
 
@@ -139,3 +141,40 @@ def test_a_broken_checkpoint_is_one_message_from_the_launcher(tmp_path, capfd):
     assert main(argv) == 2
     err = capfd.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{step / 'meta.json'}: cannot parse" in err, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A plan and a checkpoint directory after two steps of it."""
+    tmp = tmp_path_factory.mktemp("trained")
+    plan = make_plan("tiny-gpt", [pipeline([0], [0, 6], 2, 1)])
+    train(plan, tmp, steps=2, checkpoint_dir=str(tmp / "ckpt"))
+    return plan, tmp / "ckpt"
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--metrics", "{dir}"], "--metrics: is a directory"),
+        (["--optimizer", "sgd"], "resume with the same"),
+        (["--seed", "3"], "resume with the same"),
+        (["--data", "{empty}"], "--data"),
+    ],
+)
+def test_a_bad_option_found_late_leaves_the_checkpoint(extra, words, trained, tmp_path, capfd):
+    """Options that used to fail in the ranks (or after training) are refused before any rank
+    starts; the checkpoint stays complete and a correct --resume continues from it."""
+    plan, ckpt = trained[0], tmp_path / "ckpt"
+    shutil.copytree(trained[1], ckpt)
+    before = checkpoint.latest(ckpt)
+    plan.save(tmp_path / "plan.json")
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "empty.bin").write_bytes(b"")
+    subs = {"{dir}": str(tmp_path / "a-dir"), "{empty}": str(tmp_path / "empty.bin")}
+    argv = ["train", "--plan", str(tmp_path / "plan.json"), "--steps", "4", "--checkpoint-dir",
+            str(ckpt), "--resume", *(subs.get(a, a) for a in extra)]  # fmt: skip
+    capfd.readouterr()
+    assert main(argv) == 2
+    assert words in capfd.readouterr().err
+    assert checkpoint.latest(ckpt) == before
+    assert check_resumable(before, plan.model.model_dump(mode="json"), "adamw", 0).step == 2

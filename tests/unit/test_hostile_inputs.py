@@ -62,20 +62,23 @@ def _argv(template: list[str], f: str) -> list[str]:
     return [a.replace("{f}", f) for a in template]
 
 
-@pytest.mark.parametrize("reader", YAML_READERS)
-@pytest.mark.parametrize("case", hc.STRUCTURE)
-def test_yaml_structure(case, reader, tmp_path, capsys):
-    content, words = hc.STRUCTURE[case]
-    f = _write(tmp_path, f"{case}.yaml", content)
-    _expect_one_line(_argv(YAML_READERS[reader], f), (f, words), capsys)
+STRUCTURE_CASES = [
+    (case, reader, suffix)
+    for cases, readers, suffix in (
+        (hc.STRUCTURE, YAML_READERS, ".yaml"),
+        (hc.JSON_STRUCTURE, JSON_READERS, ".json"),
+    )
+    for case in cases
+    for reader in readers
+]
 
 
-@pytest.mark.parametrize("reader", JSON_READERS)
-@pytest.mark.parametrize("case", hc.JSON_STRUCTURE)
-def test_json_structure(case, reader, tmp_path, capsys):
-    content, words = hc.JSON_STRUCTURE[case]
-    f = _write(tmp_path, f"{case}.json", content)
-    _expect_one_line(_argv(JSON_READERS[reader], f), (f, words), capsys)
+@pytest.mark.parametrize(("case", "reader", "suffix"), STRUCTURE_CASES)
+def test_file_structure(case, reader, suffix, tmp_path, capsys):
+    content, words = {**hc.STRUCTURE, **hc.JSON_STRUCTURE}[case]
+    f = _write(tmp_path, case + suffix, content)
+    readers = YAML_READERS if suffix == ".yaml" else JSON_READERS
+    _expect_one_line(_argv(readers[reader], f), (f, words), capsys)
 
 
 @pytest.mark.parametrize("case", hc.CLUSTER_VALUES)
@@ -262,8 +265,7 @@ def test_file_system_errors(case, tmp_path, capsys):
 
 def test_the_case_count_meets_the_issue():
     n = (
-        len(hc.STRUCTURE) * len(YAML_READERS)
-        + len(hc.JSON_STRUCTURE) * len(JSON_READERS)
+        len(STRUCTURE_CASES)
         + len(hc.CLUSTER_VALUES) + len(hc.MODEL_VALUES) + len(hc.HF_FILES)
         + len(hc.PLAN_VALUES) * 2 + len(hc.PLAN_SIZES) + len(hc.PROFILE_VALUES)
         + len(OPTIONS) + len(TRAIN_OPTIONS) + len(FS_CASES)
@@ -303,3 +305,10 @@ def test_size_cases_fit_in_bounded_memory(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [2] * len(argvs), out.stderr
+
+
+def test_a_model_too_big_for_this_machine_is_refused_before_any_rank(tmp_path, capsys):
+    plan = hc.good_plan()
+    plan["model"]["vocab_size"] = 10**12  # 6.4e13 embedding parameters: petabytes of state
+    f = _write(tmp_path, "huge.json", json.dumps(plan))
+    _expect_one_line(["train", "--plan", f], (f, "model: the ranks need about", "GB"), capsys)

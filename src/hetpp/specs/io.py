@@ -94,8 +94,26 @@ def _check_depth(data: Any, file: str) -> None:
             stack += [(c, depth + 1) for c in children]
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that stops composing past MAX_NESTING levels, before Python's recursion limit
+    (the composer recurses once per level) is reached the slow way."""
+
+    def __init__(self, text: str, file: str):
+        super().__init__(text)
+        self.file, self.depth = file, 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise SpecError(f"nested deeper than {MAX_NESTING} levels", file=self.file)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 def _parse_yaml(text: str, file: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text, file)
     try:
         node = loader.get_single_node()
         if node is None:
