@@ -212,7 +212,7 @@ PLAN_VALUES = {
 }  # fmt: skip
 
 
-def _many_devices_plan(devices: int) -> str:
+def many_devices_plan(devices: int) -> str:
     d = good_plan()
     d["cluster"]["nodes"] = [
         {"gpu": "T4", "gpus_per_node": 8, "count": 2000, "intra_node_GBps": 16}
@@ -234,7 +234,7 @@ def _long_pipeline_plan(m: int) -> str:
 
 
 PLAN_SIZES = {
-    "plan-16385-devices": (_many_devices_plan(16_385), "number of devices is 16,385"),
+    "plan-16385-devices": (many_devices_plan(16_385), "number of devices is 16,385"),
     "sim-10m-micro-batches": (_long_pipeline_plan(10_000_000), "forward and backward actions"),
 }
 

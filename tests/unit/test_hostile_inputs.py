@@ -307,6 +307,11 @@ def test_size_cases_fit_in_bounded_memory(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [2] * len(argvs), out.stderr
 
 
+def test_hetpp_train_refuses_to_start_thousands_of_local_ranks(tmp_path, capsys):
+    f = _write(tmp_path, "many.json", hc.many_devices_plan(300))
+    _expect_one_line(["train", "--plan", f], (f, "ranks on this machine is 300"), capsys)
+
+
 def test_a_model_too_big_for_this_machine_is_refused_before_any_rank(tmp_path, capsys):
     plan = hc.good_plan()
     plan["model"]["vocab_size"] = 10**12  # 6.4e13 embedding parameters: petabytes of state

@@ -12,6 +12,7 @@ from hetpp.runtime.checkpoint_meta import check_resumable, latest
 from hetpp.runtime.options import TrainOptions
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import check_output_dir, check_output_file
+from hetpp.specs.limits import MAX_LOCAL_RANKS, check_size
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Plan
 
@@ -23,6 +24,8 @@ DTYPE_BYTES = {"float32": 4, "float64": 8}
 def check_run(opts: TrainOptions, plan: Plan) -> list[str]:
     """SpecError naming the option or file that would make the run fail; else the notices to
     print (nothing wrong, but worth saying before the ranks start)."""
+    check_size("ranks on this machine", plan.num_devices, MAX_LOCAL_RANKS, file=opts.plan,
+               field="pipelines")  # fmt: skip
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
     if opts.metrics is not None:

@@ -22,6 +22,8 @@ MAX_LAYERS = 10_000
 """Most transformer blocks in a model (the largest published models have a few hundred)."""
 MAX_GLOBAL_BATCH = 10_000_000
 """Most samples per optimizer step."""
+MAX_LOCAL_RANKS = 256
+"""Most processes `hetpp train` starts on one machine (a node has at most a few dozen GPUs)."""
 MAX_SIM_ACTIONS = 2_000_000
 """Most forward/backward actions one simulated step may hold (stages x micro-batches x 2): the
 simulator replays about 150,000 a second (docs/benchmarks-sim.md), so this is about 15 s."""
