@@ -163,6 +163,8 @@ OPTIONS = {
                              "argument --repeats"),
     "profile-seq-negative": (["profile", "--model", "tiny-gpt", "--seq-len", "-4",
                               "--out", "x.csv"], "argument --seq-len"),
+    "profile-mbs-too-big": (["profile", "--model", "tiny-gpt", "--micro-batch-sizes", "10000000",
+                             "--out", "x.csv"], "micro-batch size 10000000 needs about"),
     "unknown-option": (["check", "--clutser", "x.yaml"], "unrecognized arguments"),
     "unknown-command": (["chekc"], "invalid choice"),
 }  # fmt: skip
@@ -221,6 +223,10 @@ def _fs_cases(tmp_path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "cluster-is-dir": (["check", "--cluster", str(a_dir)], (str(a_dir), "is a directory")),
         "cluster-missing": (["check", "--cluster", str(tmp_path / "no.yaml")], ("file not found",)),
         "cluster-unreadable": (["check", "--cluster", "/proc/self/mem"], ("cannot read",)),
+        "profile-endless": (
+            ["check", "--profile", "/dev/zero"],
+            ("/dev/zero", "larger than the limit"),
+        ),
         "plan-is-dir": (["estimate", str(a_dir)], (str(a_dir), "is a directory")),
         "profile-is-dir": (["check", "--profile", str(a_dir)], (str(a_dir), "is a directory")),
         "model-is-dir": (["check", "--model", str(a_dir)], (str(a_dir),)),
@@ -248,7 +254,8 @@ def _fs_cases(tmp_path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
 
 
 FS_CASES = [
-    "cluster-is-dir", "cluster-missing", "cluster-unreadable", "plan-is-dir", "profile-is-dir",
+    "cluster-is-dir", "cluster-missing", "cluster-unreadable", "profile-endless", "plan-is-dir",
+    "profile-is-dir",
     "model-is-dir", "plan-out-dir", "plan-out-under-file", "plan-out-nowhere", "compare-plot-dir",
     "simulate-gantt-dir", "simulate-gantt-nowhere", "profile-out-dir", "demo-out-file",
     "demo-out-nowhere", "train-metrics-dir", "train-metrics-nowhere", "train-ckpt-file",

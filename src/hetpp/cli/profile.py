@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from hetpp.cli._options import int_list
+from hetpp.runtime.preflight import host_memory_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import check_output_file
+from hetpp.specs.model import ModelConfig, ModelSpec
 from hetpp.specs.values import positive_int
 
 EXAMPLES = """examples:
@@ -44,6 +46,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_fits(
+    config: ModelConfig, seq_len: int, mbs: int, dtype_bytes: int, free: int | None
+) -> None:
+    """Refuse a micro-batch whose activations (the largest layer's kept bytes and the float32
+    logits) cannot fit where it would run, instead of allocating until killed."""
+    spec = ModelSpec(config=config, seq_len=seq_len, dtype_bytes=dtype_bytes)
+    per_sample = (
+        max(x.saved_bytes_per_sample for x in spec.layers) + 4 * config.vocab_size * seq_len
+    )
+    need = per_sample * mbs
+    if free is not None and need > free:
+        raise SpecError(
+            f"micro-batch size {mbs} needs about {need / 1e9:,.1f} GB of activations, more than "
+            f"the {free / 1e9:,.1f} GB available here",
+            field="--micro-batch-sizes",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from rich.progress import Progress
@@ -63,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("CUDA is not available on this machine", field="--device")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_memory_bytes()
+    _check_fits(config, seq_len, max(args.micro_batch_sizes), dtype.itemsize, free)
     gpu = args.gpu_name or ("CPU" if args.device == "cpu" else torch.cuda.get_device_name(device))
     total = len(KINDS) * len(args.micro_batch_sizes)
     with Progress() as progress:

@@ -68,12 +68,19 @@ def _check_checkpoints(opts: TrainOptions, plan: Plan) -> list[str]:
     return []
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, if the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
 def _check_host_memory(opts: TrainOptions, plan: Plan) -> None:
     """Refuse a model whose weights, gradients and optimizer state cannot fit in this machine's
     memory (all local ranks together), instead of letting the ranks allocate until killed."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
+    total = host_memory_bytes()
+    if total is None:
         return
     spec = ModelSpec(config=plan.model, seq_len=plan.seq_len)
     params = sum(
