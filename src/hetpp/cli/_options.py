@@ -98,7 +98,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         schedule=args.schedule,
         reserve_gb=args.reserve_gb,
     )
-    train = validate_model(TrainSpec, options, "options")
+    train = validate_model(TrainSpec, options)
     model = ModelSpec(config=config, seq_len=seq_len, dtype_bytes=DTYPE_BYTES[args.precision])
     return Problem(
         model=model,
