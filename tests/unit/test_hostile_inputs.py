@@ -324,3 +324,18 @@ def test_a_model_too_big_for_this_machine_is_refused_before_any_rank(tmp_path, c
     plan["model"]["vocab_size"] = 10**12  # 6.4e13 embedding parameters: petabytes of state
     f = _write(tmp_path, "huge.json", json.dumps(plan))
     _expect_one_line(["train", "--plan", f], (f, "model: the ranks need about", "GB"), capsys)
+
+
+def test_a_torchrun_rank_checks_paths_before_joining(tmp_path, capsys, monkeypatch):
+    """Without `hetpp train` (torchrun), each rank runs the path checks before the rendezvous."""
+    from hetpp.runtime.preflight import LAUNCHED
+    from hetpp.train import main as rank_main
+
+    monkeypatch.delenv(LAUNCHED, raising=False)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "a-dir").mkdir()
+    argv = ["--plan", _good(tmp_path)["plan"], "--metrics", str(tmp_path / "a-dir")]
+    assert rank_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--metrics: is a directory" in err, err

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.preflight import LAUNCHED
 
 GRACE_S = 10.0
 """Extra seconds past the timeout before surviving ranks are killed."""
@@ -91,6 +92,7 @@ def _start_and_watch(
             "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(r),
             "LOCAL_WORLD_SIZE": str(world_size),
+            LAUNCHED: "1",
         }
         procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
     return _watch(procs, grace_s)

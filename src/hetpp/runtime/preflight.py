@@ -21,11 +21,18 @@ STATE_COPIES = {"adamw": 4, "sgd": 3}
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-def check_run(opts: TrainOptions, plan: Plan) -> list[str]:
+LAUNCHED = "HETPP_PREFLIGHT_DONE"
+"""Set by `hetpp train` for its ranks: the launcher has run `check_run` already."""
+
+
+def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str]:
     """SpecError naming the option or file that would make the run fail; else the notices to
-    print (nothing wrong, but worth saying before the ranks start)."""
-    check_size("ranks on this machine", plan.num_devices, MAX_LOCAL_RANKS, file=opts.plan,
-               field="pipelines")  # fmt: skip
+    print (nothing wrong, but worth saying before the ranks start). `local`: every rank of the
+    plan runs on this machine (`hetpp train`); under torchrun each rank checks with local=False,
+    which leaves out the rank count and memory checks that need the whole job on one machine."""
+    if local:
+        check_size("ranks on this machine", plan.num_devices, MAX_LOCAL_RANKS, file=opts.plan,
+                   field="pipelines")  # fmt: skip
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
     if opts.metrics is not None:
@@ -33,7 +40,8 @@ def check_run(opts: TrainOptions, plan: Plan) -> list[str]:
     if opts.data is not None:
         _check_data(opts, plan)
     notices = _check_checkpoints(opts, plan) if opts.checkpoint_dir else []
-    _check_host_memory(opts, plan)
+    if local:
+        _check_host_memory(opts, plan)
     return notices
 
 
