@@ -111,7 +111,7 @@ def test_hetpp_train_stops_every_rank_when_one_fails(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode in (1, 2), out.stdout + out.stderr
     assert "hetpp rank 1: failed while loading the checkpoint: " in out.stderr
-    assert "layer_0003.pt: unreadable layer file" in out.stderr
+    assert "layer_0003.pt: checksum does not match meta.json" in out.stderr
     assert "hetpp train: failed (exit codes rank 0: 1, rank 1: 2, rank 2: 1)" in out.stderr
     for r in (0, 2):
         assert f"hetpp rank {r}: failed while step 2: pipeline schedule" in out.stderr, out.stderr

@@ -82,7 +82,7 @@ def test_a_damaged_layer_file_is_named(tmp_path):
     _save(tmp_path, 1, full, opt)
     (checkpoint.latest(tmp_path) / "layer_0002.pt").write_bytes(b"damaged")
     stage = StageModule(C, 2, 4, seed=0, dtype=torch.float64)
-    with pytest.raises(SpecError, match=r"layer_0002\.pt: unreadable layer file"):
+    with pytest.raises(SpecError, match=r"layer_0002\.pt: checksum does not match"):
         checkpoint.load(
             checkpoint.latest(tmp_path), stage, make_optimizer(stage.parameters(), OPTS)
         )

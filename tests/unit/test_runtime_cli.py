@@ -26,7 +26,7 @@ def plan_file(tmp_path):
         (["--emulate"], "--emulate needs the plan's cluster"),
         (["--data", "no-such-file.txt"], "--data: file not found"),
         (["--resume"], "--resume: needs --checkpoint-dir"),
-        (["--steps", "0"], "--steps: must be at least 1"),
+        (["--steps", "0"], "argument --steps: expected a positive integer"),
     ],
 )
 def test_train_refuses_bad_input(plan_file, extra, words, capsys):

@@ -49,19 +49,25 @@ def test_default_verify_tolerance_follows_the_precision():
 
 
 @pytest.mark.parametrize(
-    ("argv", "flag"),
+    ("kw", "flag"),
     [
-        (["--steps", "0"], "--steps"),
-        (["--lr", "-1"], "--lr"),
-        (["--clip-grad", "0"], "--clip-grad"),
-        (["--resume"], "--resume"),
-        (["--timeout-s", "0"], "--timeout-s"),
-        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+        ({"steps": 0}, "--steps"),
+        ({"lr": -1.0}, "--lr"),
+        ({"lr": float("inf")}, "--lr"),
+        ({"clip_grad": 0.0}, "--clip-grad"),
+        ({"resume": True}, "--resume"),
+        ({"timeout_s": 0.0}, "--timeout-s"),
+        ({"timeout_s": 1e9}, "--timeout-s"),
+        ({"checkpoint_every": -1}, "--checkpoint-every"),
+        ({"weight_decay": float("nan")}, "--weight-decay"),
+        ({"verify_tol": -1e-5}, "--verify-tol"),
+        ({"seed": 2**64}, "--seed"),
     ],
 )
-def test_bad_values_name_the_flag(argv, flag):
+def test_bad_values_name_the_flag(kw, flag):
+    """The dataclass checks what the parser's types check, for callers that skip the parser."""
     with pytest.raises(SpecError, match=flag):
-        _parse(["--plan", "p.json", *argv])
+        TrainOptions(plan="p.json", **kw)
 
 
 def test_command_registration_does_not_import_torch():

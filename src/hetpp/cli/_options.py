@@ -11,9 +11,11 @@ from hetpp.planner.problem import DEFAULT_MICRO_BATCH_SIZES
 from hetpp.profile.table import load_profiles
 from hetpp.specs.cluster import load_cluster
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import validate_model
 from hetpp.specs.presets import load_model_config
 from hetpp.specs.schedule import SCHEDULES
 from hetpp.specs.train import DTYPE_BYTES, TrainSpec
+from hetpp.specs.values import non_negative_float, positive_int
 
 
 def add_profile_argument(p: argparse.ArgumentParser) -> None:
@@ -36,14 +38,19 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         help="preset name, Hugging Face model folder or config.json (or hetpp YAML)",
     )
     p.add_argument(
-        "--global-batch", type=int, required=True, help="samples (sequences) per optimizer step"
+        "--global-batch",
+        type=positive_int,
+        required=True,
+        help="samples (sequences) per optimizer step",
     )
     p.add_argument(
-        "--seq-len", type=int, help="tokens per sample (default: 2048, or the model's maximum)"
+        "--seq-len",
+        type=positive_int,
+        help="tokens per sample (default: 2048, or the model's maximum)",
     )
     p.add_argument(
         "--micro-batch-sizes",
-        type=_int_list,
+        type=int_list,
         default=DEFAULT_MICRO_BATCH_SIZES,
         metavar="1,2,4,8",
         help="candidate micro-batch sizes (default 1,2,4,8)",
@@ -59,13 +66,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--reserve-gb",
-        type=float,
+        type=non_negative_float,
         default=TrainSpec.model_fields["reserve_gb"].default,
         help="memory held back per device for context and workspaces (default 2 GB)",
     )
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type of a list of positive integers like `1,2,4`."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -82,19 +90,18 @@ def problem_from(args: argparse.Namespace) -> Problem:
     cluster = load_cluster(args.cluster)
     config = load_model_config(args.model)
     seq_len = args.seq_len or min(2048, config.max_seq_len)
-    if args.global_batch < 1:
-        raise SpecError("must be positive", field="--global-batch")
     if seq_len > config.max_seq_len:
         raise SpecError(
             f"{seq_len} exceeds {config.name}'s max_seq_len {config.max_seq_len}", field="--seq-len"
         )
-    train = TrainSpec(
+    options = dict(
         global_batch=args.global_batch,
         seq_len=seq_len,
         precision=args.precision,
         schedule=args.schedule,
         reserve_gb=args.reserve_gb,
     )
+    train = validate_model(TrainSpec, options)
     model = ModelSpec(config=config, seq_len=seq_len, dtype_bytes=DTYPE_BYTES[args.precision])
     return Problem(
         model=model,

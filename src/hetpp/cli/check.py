@@ -12,6 +12,7 @@ from hetpp.report.inputs import cluster_table, model_lines
 from hetpp.specs.cluster import load_cluster
 from hetpp.specs.plan import load_plan
 from hetpp.specs.presets import load_model, load_model_config
+from hetpp.specs.values import positive_int
 
 EXAMPLES = """examples:
   hetpp check --cluster examples/a100-v100.yaml
@@ -34,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model", help="preset name, Hugging Face model folder or config.json, or ModelConfig file"
     )
     p.add_argument(
-        "--seq-len", type=int, help="sequence length (default: 2048, or the model's maximum)"
+        "--seq-len",
+        type=positive_int,
+        help="sequence length (default: 2048, or the model's maximum)",
     )
     p.add_argument("--plan", help="plan JSON file; checked against --cluster when given")
     add_profile_argument(p)

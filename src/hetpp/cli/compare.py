@@ -14,6 +14,7 @@ from hetpp.planner.feasibility import explain_infeasible
 from hetpp.planner.oracle import MAX_DEVICES
 from hetpp.report.plans import comparison_table
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
 
 EXAMPLES = """examples:
   hetpp compare --cluster cluster.yaml --model gpt3-13b --global-batch 1024
@@ -55,6 +56,8 @@ def compare(args: argparse.Namespace, progress: bool = True) -> list[PlanResult]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_output_file(args.plot, "--plot")
     results = compare(args, progress=not args.json)
     entries = [r.entry() for r in results]
     if args.plot:

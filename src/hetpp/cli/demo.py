@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_dir
+from hetpp.specs.values import positive_int
 
 EXAMPLES = """examples:
   hetpp demo                      # about two minutes on a 2-core laptop; writes hetpp-demo/
@@ -26,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, default=Path("hetpp-demo"), help="output folder")
-    p.add_argument("--steps", type=int, default=7, help="training steps per plan (default 7)")
+    p.add_argument(
+        "--steps", type=positive_int, default=7, help="training steps per plan (default 7)"
+    )
     p.add_argument("--train-all", action="store_true", help="train every feasible baseline too")
     p.set_defaults(func=run)
 
@@ -40,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps <= WARMUP_STEPS:
         raise SpecError(f"must be more than {WARMUP_STEPS} (warm-up steps)", field="--steps")
+    check_output_dir(args.out, "--out")
     opts = DemoOptions(out=args.out, steps=args.steps, train_all=args.train_all)
     try:
         return run_demo(opts, Console())

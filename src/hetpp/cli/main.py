@@ -10,6 +10,7 @@ import pkgutil
 import sys
 
 from hetpp.specs.errors import SpecError
+from hetpp.specs.values import OneLineParser
 
 
 def _command_modules() -> list[str]:
@@ -32,7 +33,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hetpp",
         description="Plan, simulate and train transformers on heterogeneous GPU clusters.",
     )
@@ -48,11 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         # rich falls back to 80 columns when piped, which squeezes the wide plan tables into
         # unreadable cells; logs and CI output can afford more.
         os.environ.setdefault("COLUMNS", "140")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a bad option (one line already printed)
+        return int(e.code or 0)
     try:
         return int(args.func(args) or 0)
     except SpecError as e:
         print(f"hetpp {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file system error no reader turned into a SpecError
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"hetpp {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -13,6 +13,7 @@ from hetpp.planner.feasibility import explain_infeasible
 from hetpp.report.launch import launch_commands
 from hetpp.report.plans import print_plan
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
 
 EXAMPLES = """examples:
   hetpp plan --cluster cluster.yaml --model llama2-7b --global-batch 512
@@ -56,6 +57,7 @@ def run_strategy(
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "--out")
     problem = problem_from(args)
     with search_progress(not args.json) as report:
         result = run_strategy(problem, args.strategy, report)

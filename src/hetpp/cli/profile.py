@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from hetpp.cli._options import int_list
+from hetpp.runtime.preflight import host_memory_bytes
 from hetpp.specs.catalog import catalog_name_for_device
 from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
+from hetpp.specs.model import ModelConfig, ModelSpec
+from hetpp.specs.values import positive_int
 
 EXAMPLES = """examples:
   hetpp profile --model tiny-gpt --device cpu --seq-len 128 --out cpu.csv
   hetpp profile --model gpt3-1.3b --device cuda --micro-batch-sizes 1,2,4,8 --out a100.csv
   hetpp profile --model gpt3-1.3b --device cuda --gpu-name MyA100 --out a100.csv
 """
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4; got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("micro-batch sizes must be positive integers")
-    return sizes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,8 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="preset name or model config file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--micro-batch-sizes", type=_sizes, default=[1, 2, 4], metavar="1,2,4")
-    p.add_argument("--seq-len", type=int, help="default: the model's max_seq_len, at most 2048")
+    p.add_argument("--micro-batch-sizes", type=int_list, default=(1, 2, 4), metavar="1,2,4")
+    p.add_argument(
+        "--seq-len", type=positive_int, help="default: the model's max_seq_len, at most 2048"
+    )
     p.add_argument(
         "--gpu-name",
         help="GPU type the rows are for, as the cluster file names it (default: the catalog "
@@ -47,9 +44,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("float32", "bfloat16", "float16"),
         help="default float32 on cpu, bfloat16 on cuda",
     )
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (median taken)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per point (median taken)"
+    )
     p.add_argument("--out", required=True, help="CSV file to write")
     p.set_defaults(func=run)
+
+
+def _check_fits(
+    config: ModelConfig, seq_len: int, mbs: int, dtype_bytes: int, free: int | None
+) -> None:
+    """Refuse a micro-batch whose activations (the largest layer's kept bytes and the float32
+    logits) cannot fit where it would run, instead of allocating until killed."""
+    spec = ModelSpec(config=config, seq_len=seq_len, dtype_bytes=dtype_bytes)
+    per_sample = (
+        max(x.saved_bytes_per_sample for x in spec.layers) + 4 * config.vocab_size * seq_len
+    )
+    need = per_sample * mbs
+    if free is not None and need > free:
+        raise SpecError(
+            f"micro-batch size {mbs} needs about {need / 1e9:,.1f} GB of activations, more than "
+            f"the {free / 1e9:,.1f} GB available here",
+            field="--micro-batch-sizes",
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,12 +83,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(
             f"must be in 1..{config.max_seq_len} (the model's max_seq_len)", field="--seq-len"
         )
-    if args.repeats < 1:
-        raise SpecError("must be at least 1", field="--repeats")
+    check_output_file(args.out, "--out")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecError("CUDA is not available on this machine", field="--device")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_memory_bytes()
+    _check_fits(config, seq_len, max(args.micro_batch_sizes), dtype.itemsize, free)
     gpu = args.gpu_name or _default_gpu_name(device)
     total = len(KINDS) * len(args.micro_batch_sizes)
     with Progress() as progress:

@@ -9,6 +9,8 @@ import sys
 from hetpp.cli._options import add_profile_argument
 from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.profile.table import load_profiles
+from hetpp.specs.errors import SpecError
+from hetpp.specs.io import check_output_file
 from hetpp.specs.plan import load_plan
 
 EXAMPLES = """examples:
@@ -41,12 +43,16 @@ def run(args: argparse.Namespace) -> int:
 
     from hetpp.sim import ScheduleError, simulate_plan
 
+    if args.gantt:
+        check_output_file(args.gantt, "--gantt")
     plan = load_plan(args.plan)
     cm = cost_model_for_plan(plan, load_profiles(args.profile))
     err = Console(stderr=True)
     try:
         with err.status(f"simulating {plan.num_devices} devices", spinner="dots"):
             result = simulate_plan(plan, cm)
+    except SpecError as e:  # the plan is too large to simulate
+        raise e.in_file(args.plan) from None
     except ScheduleError as e:  # a bug in the schedule builder, not in the user's plan
         print(f"hetpp simulate: {e}", file=sys.stderr)
         return 1

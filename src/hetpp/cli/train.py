@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,11 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetpp.dataset.shards import data_kind
     from hetpp.runtime.contract import check_executable
     from hetpp.runtime.launch import launch
+    from hetpp.runtime.preflight import check_run
     from hetpp.specs.plan import load_plan
-    from hetpp.specs.presets import check_folder_model
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
@@ -53,17 +52,9 @@ def run(args: argparse.Namespace) -> int:
         check_executable(plan, opts.fp64)
     except SpecError as e:
         raise e.in_file(opts.plan) from None
-    # Checked here so a bad input gives one message, not one per rank.
-    if opts.emulate and plan.cluster is None:
-        raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
-    if opts.data is not None:
-        data_kind(opts.data)  # a format it cannot read is one line and exit 2
-    if opts.init_from is not None:
-        check_folder_model(plan.model, opts.init_from)
-    if opts.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
-        raise SpecError(
-            "needs the tensorboard package: pip install 'hetpp[tensorboard]'", field="--tensorboard"
-        )
+    # Checked here so a bad input gives one message before any work, not one per rank after it.
+    for notice in check_run(opts, plan):
+        print(f"hetpp train: {notice}", file=sys.stderr, flush=True)
     if not opts.memory_report:
         return launch(opts, plan.num_devices)
     if plan.cluster is None:

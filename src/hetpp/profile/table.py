@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetpp.specs.errors import SpecError
-from hetpp.specs.io import write_atomic
+from hetpp.specs.io import read_text, write_atomic
 
 COLUMNS = ("gpu", "model", "seq_len", "layer", "mbs", "fwd_s", "bwd_s", "act_bytes")
 LAYER_KINDS = ("embedding", "block", "head")
@@ -122,20 +123,22 @@ class ProfileTable:
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileTable:
-        p = Path(path)
-        if not p.is_file():
-            raise SpecError("file not found", file=str(p))
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
+        file = str(path)
+        reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+        try:
             missing = set(COLUMNS) - set(reader.fieldnames or ())
             if missing:
                 raise SpecError(
                     f"missing columns {sorted(missing)}; expected {','.join(COLUMNS)}",
-                    file=str(p),
+                    file=file,
                     field="header",
                 )
-            rows = [_parse_row(r, i + 2, str(p)) for i, r in enumerate(reader)]
-        return cls(rows, [str(p)] * len(rows))
+            rows = [_parse_row(r, reader.line_num, file) for r in reader]
+        except csv.Error as e:
+            raise SpecError(
+                f"cannot parse: {e}", file=file, field=f"line {reader.line_num}"
+            ) from None
+        return cls(rows, [file] * len(rows))
 
 
 def load_profiles(paths: Iterable[str | Path]) -> ProfileTable:
@@ -156,7 +159,7 @@ def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
             float(r["bwd_s"]),
             int(float(r["act_bytes"])),
         )
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise SpecError(f"bad value ({e})", file=file, field=f"line {line}") from None
     if row.layer not in LAYER_KINDS:
         raise SpecError(
@@ -164,8 +167,13 @@ def _parse_row(r: dict[str, str], line: int, file: str) -> ProfileRow:
             file=file,
             field=f"line {line}",
         )
-    if row.mbs <= 0 or row.fwd_s < 0 or row.bwd_s < 0 or row.act_bytes < 0:
+    times = (row.fwd_s, row.bwd_s)
+    if row.mbs <= 0 or row.seq_len <= 0 or not all(math.isfinite(t) and t >= 0 for t in times):
         raise SpecError(
-            "mbs must be positive and times and bytes non-negative", file=file, field=f"line {line}"
+            "seq_len and mbs must be positive and fwd_s, bwd_s finite and non-negative",
+            file=file,
+            field=f"line {line}",
         )
+    if row.act_bytes < 0:
+        raise SpecError("act_bytes must be non-negative", file=file, field=f"line {line}")
     return row

@@ -14,11 +14,20 @@ from typing import Literal
 from pydantic import TypeAdapter, ValidationError
 
 from hetpp.specs.errors import SpecError
+from hetpp.specs.values import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    require,
+)
 
 DEFAULT_VERIFY_TOL = {"fp32": 1e-5, "fp64": 1e-10, "bf16": 2e-2, "fp16": 1e-2}
 """--verify's default tolerance per executed precision (`runtime.precision.Precision.name`).
 bf16 / fp16: twice the largest drift `bench/verify_precision.py` measured over 10 steps of AdamW
 at lr 1e-3 (docs/benchmarks-runtime.md); the drift grows with lr and steps."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""A week: longer timeouts overflow the process group's timedelta and mean "never"."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +48,7 @@ class TrainOptions:
     decides the dtypes."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = 1e-3
-    """Learning rate (constant)."""
+    """Peak learning rate (reached after --warmup-steps; --lr-schedule decides the rest)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
     clip_grad: float | None = None
@@ -88,12 +97,16 @@ class TrainOptions:
     """Also log the metrics to TensorBoard event files in this folder (needs `tensorboard`)."""
 
     def __post_init__(self) -> None:
+        positive = ("steps", "lr", "clip_grad", "timeout_s")
+        non_negative = ("seed", "weight_decay", "verify_tol", "checkpoint_every")
+        for name in positive + non_negative:
+            value = getattr(self, name)
+            if value is not None:
+                bound = {"above": 0.0} if name in positive else {"least": 0.0}
+                require(value, _flag(name), **bound)
         checks = (
-            (self.steps >= 1, "steps", "must be at least 1"),
-            (self.lr > 0, "lr", "must be positive"),
-            (self.clip_grad is None or self.clip_grad > 0, "clip_grad", "must be positive"),
-            (self.checkpoint_every >= 0, "checkpoint_every", "must be 0 or more"),
-            (self.timeout_s > 0, "timeout_s", "must be positive"),
+            (self.seed < 2**63, "seed", "must be below 2**63"),
+            (self.timeout_s <= MAX_TIMEOUT_S, "timeout_s", f"must be at most {MAX_TIMEOUT_S:g}"),
             (not self.resume or self.checkpoint_dir, "resume", "needs --checkpoint-dir"),
             (self.warmup_steps >= 0, "warmup_steps", "must be 0 or more"),
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be between 0 and 1"),
@@ -103,7 +116,7 @@ class TrainOptions:
         )
         for ok, name, msg in checks:
             if not ok:
-                raise SpecError(msg, field="--" + name.replace("_", "-"))
+                raise SpecError(msg, field=_flag(name))
 
     def tolerance(self, precision: str) -> float:
         """--verify's tolerance for a run in `precision` (a `Precision.name`)."""
@@ -121,26 +134,32 @@ class TrainOptions:
         return argv
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the training flags; `from_args` reads them back (unset flags keep the defaults)."""
     d = TrainOptions
     p.add_argument("--plan", help="plan JSON (from the planner or written by hand); required")
-    p.add_argument("--steps", type=int, help=f"train until this step (default {d.steps})")
+    p.add_argument("--steps", type=positive_int, help=f"train until this step (default {d.steps})")
     p.add_argument(
         "--data",
         help="dataset folder from `hetpp data prepare`, a .txt (bytes as tokens) or a .bin of "
         "uint16 ids; default synthetic",
     )
-    p.add_argument("--seed", type=int, help="seed of weights and synthetic data")
+    p.add_argument("--seed", type=non_negative_int, help="seed of weights and synthetic data")
     p.add_argument(
         "--fp64",
         action="store_true",
         help="run an fp32 plan in float64 (exactness tests); otherwise the plan's precision rules",
     )
     p.add_argument("--optimizer", choices=("adamw", "sgd"), help=f"default {d.optimizer}")
-    p.add_argument("--lr", type=float, help=f"learning rate (default {d.lr})")
-    p.add_argument("--weight-decay", type=float, help=f"default {d.weight_decay}")
-    p.add_argument("--clip-grad", type=float, metavar="X", help="clip the global grad norm to X")
+    p.add_argument("--lr", type=positive_float, help=f"learning rate (default {d.lr})")
+    p.add_argument("--weight-decay", type=non_negative_float, help=f"default {d.weight_decay}")
+    p.add_argument(
+        "--clip-grad", type=positive_float, metavar="X", help="clip the global grad norm to X"
+    )
     p.add_argument(
         "--emulate",
         action="store_true",
@@ -153,14 +172,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--verify-tol",
-        type=float,
+        type=non_negative_float,
         metavar="T",
         help="allowed difference (default 1e-5; 1e-10 with --fp64)",
     )
     p.add_argument("--checkpoint-dir", metavar="D", help="plan-independent checkpoints go here")
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=non_negative_int,
         metavar="K",
         help="also checkpoint every K steps (default: only at the end)",
     )
@@ -177,7 +196,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout-s",
-        type=float,
+        type=positive_float,
         metavar="S",
         help=f"give up on a silent peer after S seconds (default {d.timeout_s:g})",
     )

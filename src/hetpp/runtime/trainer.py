@@ -21,11 +21,14 @@ import torch.distributed as dist
 from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
+from hetpp.runtime.checkpoint_meta import check_resumable
 from hetpp.runtime.contract import check_executable, describe
 from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_batch
+from hetpp.runtime.devices import pick_device
 from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
+from hetpp.runtime.guards import check_step
 from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.memory import MemoryProbe
 from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
@@ -60,12 +63,11 @@ class Activity:
         self.now = what
 
 
-def _device(env: DistEnv) -> tuple[torch.device, str]:
-    if torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size:
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank), "nccl"
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
-    return torch.device("cpu"), "gloo"
+def _device(env: DistEnv, plan: Plan, emulate: bool) -> tuple[torch.device, str]:
+    device, backend = pick_device(plan, env.rank, env.local_rank, env.local_world_size, emulate)
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    return device, backend
 
 
 def _slowdown(plan: Plan, role: Role, opts: TrainOptions) -> float:
@@ -83,13 +85,7 @@ def _resume(
     path = checkpoint.latest(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
     if path is None:
         return 0, 0, None
-    meta = checkpoint.read_meta(path)
-    if meta.optimizer != opts.optimizer or meta.seed != opts.seed:
-        raise SpecError(
-            f"the checkpoint was trained with --optimizer {meta.optimizer} --seed "
-            f"{meta.seed}; resume with the same",
-            file=str(path),
-        )
+    check_resumable(path, stage.config.model_dump(mode="json"), opts.optimizer, opts.seed)
     meta = checkpoint.load(path, stage, opt)
     return meta.step, meta.samples, path
 
@@ -103,7 +99,7 @@ def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> Run
         return RunResult([], None)
     # The plan's ranks form the process group; a rank started for an unused device never joins.
     env = dataclasses.replace(env, rank=rank, world_size=plan.num_devices)
-    device, backend = _device(env)
+    device, backend = _device(env, plan, opts.emulate)
     activity("joining the process group")
     dist.init_process_group(
         backend,
@@ -193,6 +189,7 @@ class RankTrainer:
                 record = unpack_step(step, vec.tolist(), plan.global_batch, plan.seq_len, norm)
                 log.add(dataclasses.replace(record, lr=self.lr, val_loss=val))
                 _progress(log.records[-1], opts.steps)
+            check_step(step, vec[0].item(), norm)  # every rank sees the same numbers
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
                 self.save_checkpoint(step)

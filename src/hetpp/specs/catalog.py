@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 class GpuType(BaseModel):
     """One kind of accelerator, as the cost model sees it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     """Type name, e.g. `A100-80GB`; catalog lookups ignore case."""

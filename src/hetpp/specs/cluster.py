@@ -11,24 +11,24 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    PositiveInt,
     model_validator,
 )
 
 from hetpp.specs.catalog import CATALOG, GpuType, catalog_names
 from hetpp.specs.io import load_model_file
+from hetpp.specs.limits import MAX_DEVICES, check_size
 
 
 class NodeGroup(BaseModel):
     """`count` identical nodes, each with `gpus_per_node` GPUs of one type."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gpu: str
     """GPU type name: a catalog entry or one defined under `gpu_types`."""
-    gpus_per_node: PositiveInt
-    """GPUs in each node of this group."""
-    count: PositiveInt = 1
+    gpus_per_node: int = Field(gt=0, strict=True)
+    """GPUs in each node of this group (an integer: `true` or `2.0` are refused, not rounded)."""
+    count: int = Field(1, gt=0, strict=True)
     """Number of identical nodes in this group."""
     intra_node_GBps: float = Field(gt=0, le=100_000)
     """GPU-to-GPU bandwidth inside one node (NVLink, PCIe), GB/s per direction (bytes, not bits)."""
@@ -53,7 +53,7 @@ class Link(NamedTuple):
 class Cluster(BaseModel):
     """A heterogeneous cluster as read from a YAML file."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "cluster"
     """Free-form name shown in reports."""
@@ -70,6 +70,8 @@ class Cluster(BaseModel):
 
     @model_validator(mode="after")
     def _known_types(self) -> Cluster:
+        total = sum(g.gpus_per_node * g.count for g in self.nodes)  # before `devices` is built
+        check_size("number of GPUs", total, MAX_DEVICES, field="nodes")
         known = self.type_table
         for i, g in enumerate(self.nodes):
             if g.gpu.lower() not in known:

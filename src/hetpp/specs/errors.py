@@ -13,14 +13,21 @@ class SpecError(ValueError):
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
         self.file = file
-        self.field = field
-        self.message = message
-        where = ": ".join(x for x in (file, field) if x)
-        super().__init__(f"{where}: {message}" if where else message)
+        self.field = field if field is None else one_line(field, 120)
+        self.message = one_line(message, 2000)
+        where = ": ".join(x for x in (file, self.field) if x)
+        super().__init__(f"{where}: {self.message}" if where else self.message)
 
     def in_file(self, file: str) -> SpecError:
         """The same error, attributed to `file` (kept if already set)."""
         return SpecError(self.message, file=self.file or file, field=self.field)
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` with control characters escaped and at most `limit` characters: a field name or
+    value from a hostile file must not break the one-line message (or flood the terminal)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def field_path(loc: tuple) -> str:

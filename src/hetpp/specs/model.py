@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from hetpp.specs.limits import MAX_LAYERS
+
 LayerKind = Literal["embedding", "block", "head"]
 Activation = Literal["gelu_tanh", "gelu", "silu", "relu"]
 HfModelType = Literal["llama", "mistral", "qwen2", "gpt2", "gpt_neox", "phi3", "gemma2"]
@@ -39,7 +41,7 @@ class ModelConfig(BaseModel):
     Hugging Face families hetpp supports: parallel residual, partial rotary, sliding windows,
     soft-capping, sandwich norms)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "custom"
     """Preset or checkpoint name, shown in reports."""
@@ -47,8 +49,8 @@ class ModelConfig(BaseModel):
     """gpt: LayerNorm + GELU MLP + biases; llama: RMSNorm + SwiGLU, no dense biases."""
     vocab_size: PositiveInt
     hidden_size: PositiveInt
-    num_layers: PositiveInt
-    """Transformer blocks."""
+    num_layers: PositiveInt = Field(le=MAX_LAYERS)
+    """Transformer blocks (at most `limits.MAX_LAYERS`)."""
     num_heads: PositiveInt
     num_kv_heads: PositiveInt | None = None
     """Grouped-query attention; None means `num_heads` (multi-head attention)."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
+from hetpp.specs.limits import MAX_DEVICES, check_size
 from hetpp.specs.model import ModelConfig
 from hetpp.specs.schedule import SCHEDULES, Schedule
 from hetpp.specs.train import TrainSpec
@@ -34,7 +35,7 @@ V1_TRAIN_FIELDS = (
 class StagePlan(BaseModel):
     """One pipeline stage: the devices that run it and the layers it owns."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=1)
     """Device ids (one today; a tensor-parallel group later)."""
@@ -59,7 +60,7 @@ class StagePlan(BaseModel):
 class PipelinePlan(BaseModel):
     """One data-parallel pipeline with its own shape and batch share."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     stages: tuple[StagePlan, ...] = Field(min_length=1)
     micro_batch_size: PositiveInt
@@ -82,7 +83,7 @@ class PipelinePlan(BaseModel):
 class GradBlock(BaseModel):
     """Layers [start, end) owned by exactly one device per pipeline; all-reduced over the owners."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     layers: tuple[NonNegativeInt, NonNegativeInt]
     owners: tuple[NonNegativeInt, ...]
@@ -92,7 +93,7 @@ class GradBlock(BaseModel):
 class Estimate(BaseModel):
     """The cost model's prediction for a plan (derived; loaders may ignore it)."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
     iteration_time_s: float
     throughput_samples_per_s: float
@@ -103,7 +104,7 @@ class Estimate(BaseModel):
 class Plan(BaseModel):
     """What to run where: pipelines, their stages and batch shares, and the gradient blocks."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     version: int = PLAN_VERSION
     """Plan format version (`PLAN_VERSION`; version 1 files are upgraded on read)."""
@@ -163,6 +164,7 @@ class Plan(BaseModel):
                 field="cluster",
             )
         cluster = cluster or self.cluster
+        check_size("number of devices", self.num_devices, MAX_DEVICES, field="pipelines")
         if self.version != PLAN_VERSION:
             raise SpecError(
                 f"plan format version {self.version}; this hetpp reads {PLAN_VERSION}",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
+from hetpp.specs.limits import MAX_GLOBAL_BATCH
 from hetpp.specs.schedule import Schedule
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -16,10 +17,11 @@ DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 class TrainSpec(BaseModel):
     """One training step's shape and the memory-relevant choices."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    global_batch: PositiveInt
-    """Samples (sequences) per optimizer step, over all pipelines."""
+    global_batch: PositiveInt = Field(le=MAX_GLOBAL_BATCH)
+    """Samples (sequences) per optimizer step, over all pipelines (at most
+    `limits.MAX_GLOBAL_BATCH`)."""
     seq_len: PositiveInt = 2048
     """Tokens per sample."""
     precision: Precision = "bf16"
