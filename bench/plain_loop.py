@@ -32,7 +32,7 @@ def main() -> None:
     plan = load_plan(args.plan)
     (pipe,) = plan.pipelines
     dev = torch.device("cuda")
-    model = StageModule(plan.model, 0, plan.num_layers, 0, torch.float32).to(dev)
+    model = StageModule(plan.model, 0, plan.layer_list_len, 0, torch.float32).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = plan.global_batch * plan.seq_len
     g = torch.Generator(device=dev).manual_seed(0)

@@ -78,4 +78,4 @@ def test_a_lost_rank_stops_the_others(fault, tmp_path):
     # Checkpoints written before the loss are complete and readable; a partial one is never used.
     done = checkpoint.latest(ckpt)
     assert done is not None and checkpoint.read_meta(done).step % 2 == 0
-    assert all((done / f"layer_{i:04d}.pt").exists() for i in range(plan.num_layers))
+    assert all((done / f"layer_{i:04d}.pt").exists() for i in range(plan.layer_list_len))

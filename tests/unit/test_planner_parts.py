@@ -28,7 +28,7 @@ def test_stage_memory_parts_match_stage_memory_for_every_range():
         cm = p.cost_model(recompute)
         costs = cm.layer_costs(CATALOG["a100-80gb"], 2)
         fixed, per = stage_memory_parts(cm.model, cm.train, costs)
-        for a, b in itertools.combinations(range(cm.model.num_layers + 1), 2):
+        for a, b in itertools.combinations(range(cm.model.layer_list_len + 1), 2):
             for k in (1, 3):
                 want = stage_memory(cm.model, cm.train, costs, a, b, k).total
                 assert fixed[a, b] + k * per[a, b] == pytest.approx(want, rel=1e-12)

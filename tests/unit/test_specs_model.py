@@ -43,7 +43,7 @@ def test_block_params_match_the_measured_h200_modules():
 
 def test_layer_list_shape_and_flops():
     m = load_model("gpt3-1.3b", 2048)
-    assert m.num_layers == 26 and [x.kind for x in m.layers[:2]] == ["embedding", "block"]
+    assert m.layer_list_len == 26 and [x.kind for x in m.layers[:2]] == ["embedding", "block"]
     assert m.layers[-1].kind == "head"
     h, s = 2048, 2048
     blk = m.layers[1]

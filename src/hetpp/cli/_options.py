@@ -14,7 +14,7 @@ from hetpp.specs.errors import SpecError
 from hetpp.specs.io import validate_model
 from hetpp.specs.presets import load_model_config
 from hetpp.specs.schedule import SCHEDULES
-from hetpp.specs.train import DTYPE_BYTES, TrainSpec
+from hetpp.specs.trainspec import DTYPE_BYTES, TrainSpec
 from hetpp.specs.values import non_negative_float, positive_int
 
 

@@ -16,7 +16,7 @@ from hetpp.specs.catalog import GpuType
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 
 @dataclass(frozen=True)

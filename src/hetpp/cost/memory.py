@@ -10,7 +10,7 @@ import numpy as np
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import stage_params, tied_copy_params
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 
 class StageMemory(NamedTuple):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 K = TypeVar("K", bound=Hashable)
 

@@ -22,7 +22,7 @@ from hetpp.sim.result import SimResult
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.model import ModelConfig, ModelSpec
 from hetpp.specs.plan import Plan
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 WARMUP_STEPS = 2
 """Steps left out of the measured median: the first sets up the pipeline (shape inference,

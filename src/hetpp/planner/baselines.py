@@ -38,7 +38,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     """Identical pipelines in device-id order, equal layers, equal batch."""
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
-    n, layers = problem.cluster.num_devices, problem.num_layers
+    n, layers = problem.cluster.num_devices, problem.layer_list_len
     cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
@@ -78,7 +78,7 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             if depth == 0:
                 break
             lo = problem.schedule_spec.min_micro_batches(depth)
-            if total % p or total // p < lo or depth > problem.num_layers:
+            if total % p or total // p < lo or depth > problem.layer_list_len:
                 continue
             tmpl = ctx.best(comp)
             if tmpl is None:
@@ -100,9 +100,10 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
         total = problem.micro_batches(mbs)
         items = {}
         for key, count in zip(ctx.keys, ctx.counts):
-            depths = range(1, min(count, problem.num_layers) + 1)
+            depths = range(1, min(count, problem.layer_list_len) + 1)
             found = [
-                ctx.with_bounds(((key, d),), equal_bounds(problem.num_layers, d)) for d in depths
+                ctx.with_bounds(((key, d),), equal_bounds(problem.layer_list_len, d))
+                for d in depths
             ]
             items[key] = (count, [t for t in found if t is not None])
         budget = problem.schedule_spec.devices_within_batch

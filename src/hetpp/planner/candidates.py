@@ -28,7 +28,7 @@ def homogeneous_items(ctx: ShapeContext) -> dict[str, list[TemplateCost]]:
     out = {}
     for key, count in zip(ctx.keys, ctx.counts):
         found: list[TemplateCost] = []
-        top, floor = min(count, ctx.num_layers), _least_depth(ctx, key)
+        top, floor = min(count, ctx.layer_list_len), _least_depth(ctx, key)
         if floor > top or (
             ctx.homogeneous(key, floor) is None and ctx.homogeneous(key, top) is None
         ):
@@ -52,7 +52,7 @@ def _least_depth(ctx: ShapeContext, key: str) -> int:
 def _devices_for(ctx: ShapeContext, key: str, nbytes: float) -> int:
     """Devices of one type that hold `nbytes` of model state (more than the layers if none)."""
     need = devices_to_hold(nbytes, ctx.tables(key).capacity, ctx.cm.train)
-    return ctx.num_layers + 1 if need is None else need
+    return ctx.layer_list_len + 1 if need is None else need
 
 
 def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[TemplateCost]:
@@ -74,7 +74,7 @@ def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> 
             found = 0
             usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
             floor = _devices_for(ctx, poor, states - a * usable_rich)
-            for c in range(floor, min(pools[poor].count, ctx.num_layers - a) + 1):
+            for c in range(floor, min(pools[poor].count, ctx.layer_list_len - a) + 1):
                 comp = [0] * len(ctx.keys)
                 comp[idx[rich]], comp[idx[poor]] = a, c
                 got = ctx.orders(tuple(comp))
@@ -120,7 +120,7 @@ def _nested(ctx: ShapeContext, depths: dict[str, int]) -> Layout:
     forced: tuple[int, ...] = ()
     layout: Layout = []
     for k in sorted(depths, key=lambda k: depths[k]):
-        for d in range(max(depths[k], len(forced) + 1), min(count[k], ctx.num_layers) + 1):
+        for d in range(max(depths[k], len(forced) + 1), min(count[k], ctx.layer_list_len) + 1):
             t = ctx.template(((k, d),), forced)
             if t is not None:
                 forced = t.bounds[1:-1]
@@ -137,7 +137,7 @@ def proportional_templates(ctx: ShapeContext) -> list[TemplateCost]:
     usable = {k: usable_bytes(ctx.tables(k).capacity, ctx.cm.train) for k in ctx.keys}
     for p in range(1, max(ctx.counts) + 1):
         comp = tuple(n // p for n in ctx.counts)
-        if comp in seen or sum(1 for c in comp if c) < 2 or sum(comp) > ctx.num_layers:
+        if comp in seen or sum(1 for c in comp if c) < 2 or sum(comp) > ctx.layer_list_len:
             continue
         seen.add(comp)
         if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < states:

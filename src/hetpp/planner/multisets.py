@@ -28,7 +28,7 @@ Multiset = tuple[tuple[int, int], ...]
 
 def compositions(ctx: ShapeContext):
     """Every device-count vector a pipeline can have (at most one device per layer)."""
-    layers = ctx.num_layers
+    layers = ctx.layer_list_len
     ranges = [range(min(n, layers) + 1) for n in ctx.counts]
     for comp in itertools.product(*ranges):
         if 0 < sum(comp) <= layers:

@@ -38,7 +38,7 @@ class StageTables:
     _masked: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def num_layers(self) -> int:
+    def layer_list_len(self) -> int:
         return len(self.time) - 1
 
     def fits(self, in_flight: int) -> np.ndarray:
@@ -91,7 +91,7 @@ def balance_stages(
 
     Two dynamic programs over ranges: the first finds the least bottleneck `tau`, the second
     the least total time among splits whose stages all stay within `tau`. O(S L^2), vectorized."""
-    num = tables[0].num_layers
+    num = tables[0].layer_list_len
     stages = len(tables)
     if stages > num:
         return None

@@ -13,7 +13,7 @@ from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 RecomputeMode = Literal["auto", "on", "off"]
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
@@ -66,8 +66,8 @@ class Problem:
         return self.train.global_batch
 
     @property
-    def num_layers(self) -> int:
-        return self.model.num_layers
+    def layer_list_len(self) -> int:
+        return self.model.layer_list_len
 
     @property
     def schedule(self) -> str:

@@ -97,8 +97,8 @@ class ShapeContext:
         self._orders: dict[tuple[tuple[int, ...], bool], list[TemplateCost]] = {}
 
     @property
-    def num_layers(self) -> int:
-        return self.problem.num_layers
+    def layer_list_len(self) -> int:
+        return self.problem.layer_list_len
 
     def tables(self, key: str) -> StageTables:
         """Range tables of one GPU type at this micro-batch size."""
@@ -150,7 +150,7 @@ class ShapeContext:
     def with_bounds(self, runs: Runs, bounds: tuple[int, ...]) -> TemplateCost | None:
         """Cost of a shape with a given split (baselines); None if it does not fit memory."""
         keys = [k for k, n in runs for _ in range(n)]
-        if len(keys) > self.num_layers:
+        if len(keys) > self.layer_list_len:
             return None
         tables = [self.tables(k) for k in keys]
         flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))
@@ -160,7 +160,7 @@ class ShapeContext:
 
     def _evaluate(self, runs: Runs, forced: tuple[int, ...]) -> TemplateCost | None:
         keys = [k for k, n in runs for _ in range(n)]
-        if len(keys) > self.num_layers or len(forced) >= len(keys):
+        if len(keys) > self.layer_list_len or len(forced) >= len(keys):
             return None
         tables = [self.tables(k) for k in keys]
         flight = in_flight_per_stage(self.problem.schedule_spec, len(keys))

@@ -47,7 +47,7 @@ def model_lines(model: ModelSpec) -> list[str]:
     c = model.config
     return [
         f"model {c.name}: {c.family}, {_count(model.total_params)} parameters, "
-        f"{c.num_layers} blocks (layer list of {model.num_layers}: embedding, blocks, head)",
+        f"{c.num_layers} blocks (layer list of {model.layer_list_len}: embedding, blocks, head)",
         f"hidden {c.hidden_size}, heads {c.num_heads} (kv {c.kv_heads}), ffn {c.ffn_hidden_size}, "
         f"vocab {c.vocab_size}, seq {model.seq_len}, tied embeddings: {c.tie_embeddings}",
     ]

@@ -76,7 +76,7 @@ def train_reference(
 ) -> ReferenceRun:
     device = device or torch.device("cpu")
     precision = Precision.of(plan, opts.fp64)
-    model = StageModule(plan.model, 0, plan.num_layers, opts.seed, precision.param_dtype)
+    model = StageModule(plan.model, 0, plan.layer_list_len, opts.seed, precision.param_dtype)
     if opts.init_from:
         load_stage(model, opts.init_from)
     model.to(device)

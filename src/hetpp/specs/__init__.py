@@ -6,7 +6,7 @@ from hetpp.specs.errors import SpecError
 from hetpp.specs.model import LayerSpec, ModelConfig, ModelSpec
 from hetpp.specs.plan import GradBlock, PipelinePlan, Plan, StagePlan, load_plan
 from hetpp.specs.presets import PRESETS, load_model, load_model_config
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 __all__ = [
     "CATALOG",

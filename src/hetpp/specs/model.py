@@ -203,8 +203,9 @@ class ModelSpec(BaseModel):
         return self.config.name
 
     @property
-    def num_layers(self) -> int:
-        """Length of the layer list: blocks + embedding + head."""
+    def layer_list_len(self) -> int:
+        """Length of the layer list: blocks + embedding + head (`config.num_layers` counts the
+        blocks only)."""
         return self.config.num_layers + 2
 
     @cached_property

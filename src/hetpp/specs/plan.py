@@ -14,7 +14,7 @@ from hetpp.specs.io import load_model_file, write_atomic
 from hetpp.specs.limits import MAX_DEVICES, check_size
 from hetpp.specs.model import ModelConfig
 from hetpp.specs.schedule import SCHEDULES, Schedule
-from hetpp.specs.train import TrainSpec
+from hetpp.specs.trainspec import TrainSpec
 
 PLAN_VERSION = 2
 """2: the TrainSpec is embedded under `train`. Version 1 files (its fields at the top level) are
@@ -147,7 +147,8 @@ class Plan(BaseModel):
         return self.train.schedule
 
     @property
-    def num_layers(self) -> int:
+    def layer_list_len(self) -> int:
+        """Length of the model's layer list: blocks + embedding + head."""
         return self.model.num_layers + 2
 
     @property
@@ -232,9 +233,9 @@ def _check_pipeline(
                     f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
                 )
             seen[d] = f"{where}.stages[{s}]"
-    if expect != plan.num_layers:
+    if expect != plan.layer_list_len:
         raise SpecError(
-            f"stages end at layer {expect}, expected {plan.num_layers} "
+            f"stages end at layer {expect}, expected {plan.layer_list_len} "
             f"(the model's {plan.model.num_layers} blocks + embedding + head)",
             field=f"{where}.stages",
         )
@@ -251,7 +252,9 @@ def _check_pipeline(
 
 def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     """Cut the layer list at the union of all stage boundaries; one owner per pipeline."""
-    cuts = sorted({0, plan.num_layers} | {s.layers[0] for p in plan.pipelines for s in p.stages})
+    cuts = sorted(
+        {0, plan.layer_list_len} | {s.layers[0] for p in plan.pipelines for s in p.stages}
+    )
     blocks = []
     for a, b in itertools.pairwise(cuts):
         owners = tuple(p.stages[p.stage_of_layer(a)].device for p in plan.pipelines)
