@@ -44,6 +44,7 @@ from hetpp.planner.candidates import (
 from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
 from hetpp.planner.multisets import branch_and_bound, compositions, count_multisets
 from hetpp.planner.problem import Problem
+from hetpp.planner.refine import estimate, refine
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
 
@@ -57,6 +58,8 @@ EXACT_MULTISETS = 20000
 """... and their template multisets, if at most this many, ranked by branch and bound."""
 TOP = 2
 """Large clusters: layouts per pass ranked with the full cost."""
+REFINED = 2
+"""Large clusters: layouts from the end of each local-move path ranked with the full cost."""
 PATIENCE = 8
 """Large clusters: options tried past the last one that improved the best estimate."""
 FULL_SETTINGS = 2
@@ -180,8 +183,14 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
             if t < math.inf:
                 found.append((t + layout_tail(ctx, layout), layout))
     found.sort(key=lambda x: x[0])
-    inc.offer(ctx, [layout for _, layout in found[:TOP]])
-    return found[0][0] if found else math.inf
+    top = [layout for _, layout in found[:TOP]]
+    inc.offer(ctx, top)
+    for layout in top:
+        path = refine(ctx, layout)
+        if path:
+            inc.offer(ctx, path[-REFINED:])
+            found.append((estimate(ctx, path[-1]), path[-1]))
+    return min(e for e, _ in found) if found else math.inf
 
 
 def _exact_search_fits(ctx: ShapeContext) -> bool:
