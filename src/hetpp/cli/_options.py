@@ -4,6 +4,7 @@ modules whose name starts with an underscore)."""
 from __future__ import annotations
 
 import argparse
+import math
 from contextlib import contextmanager
 
 from hetpp.planner import Problem
@@ -126,3 +127,23 @@ def search_progress(enabled: bool = True):
             bar.update(task, completed=fraction, description=f"searching: {what}")
 
         yield report
+
+
+def add_time_limit_argument(p: argparse.ArgumentParser) -> None:
+    """`--time-limit SECONDS`: the hpp search returns the best plan found by then."""
+    p.add_argument(
+        "--time-limit",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="stop the hpp search after about this long and keep the best plan found so far",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
