@@ -31,7 +31,7 @@ CASES: list[tuple[tuple[tuple[str, int, int], ...], str, int]] = [
     ((("A100-40GB", 8, 2), ("V100-16GB", 8, 4)), "llama2-13b", 256),
     ((("A100-40GB", 8, 4), ("V100-16GB", 8, 4)), "gpt3-2.7b", 256),
     ((("H100-80GB", 4, 1), ("T4", 4, 15)), "gpt3-2.7b", 256),
-    ((("A100-80GB", 8, 2), ("L4", 8, 2), ("T4", 8, 2)), "gpt3-6.7b", 256),
+    ((("A100-80GB", 8, 1), ("L4", 8, 1), ("T4", 8, 1)), "gpt3-6.7b", 128),
     ((("A100-80GB", 8, 4), ("RTX-4090", 8, 4)), "llama2-7b", 512),
 ]
 """(node groups as (GPU type, GPUs per node, nodes), model, global batch); seq 2048."""

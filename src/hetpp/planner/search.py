@@ -60,7 +60,7 @@ TOP = 2
 """Large clusters: layouts per pass ranked with the full cost."""
 REFINED = 2
 """Large clusters: layouts from the end of each local-move path ranked with the full cost."""
-PATIENCE = 8
+PATIENCE = 24
 """Large clusters: options tried past the last one that improved the best estimate."""
 FULL_SETTINGS = 2
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
