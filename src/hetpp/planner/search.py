@@ -60,8 +60,11 @@ TOP = 2
 """Large clusters: layouts per pass ranked with the full cost."""
 REFINED = 2
 """Large clusters: layouts from the end of each local-move path ranked with the full cost."""
-PATIENCE = 24
-"""Large clusters: options tried past the last one that improved the best estimate."""
+PATIENCE = 8
+"""Large clusters: options tried past the last one that improved the best estimate ..."""
+PAIR_PATIENCE = 24
+"""... in the two-type pass, whose best option (k copies of 1 H100 + 8 T4) can come after many
+with fewer copies or other counts."""
 FULL_SETTINGS = 2
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
@@ -171,8 +174,9 @@ def _search_decomposed(
     template taken k times: the layer-balanced shapes ("proportional") or two-type shapes for
     types that cannot hold the model alone ("pairs"). Options go in order of their bound, cut
     off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
-    homogeneous layouts too. The best few by estimate get the full cost, then local moves
-    (`refine`) from them; stops trying options once `out_of_time()`; returns the best estimate."""
+    homogeneous layouts too. The best few by estimate get the full cost; with `mixed`, local
+    moves (`refine`) from the best; no options once `out_of_time()`. Returns the best
+    estimate."""
     total = ctx.problem.micro_batches(ctx.mbs)
     budget = ctx.problem.schedule_spec.devices_within_batch
     items = homogeneous_items(ctx)
@@ -184,8 +188,9 @@ def _search_decomposed(
     avail = dict(zip(ctx.keys, ctx.counts))
     found: list[tuple[float, Layout]] = []
     best, stale = inc.bound, 0
+    patience = PAIR_PATIENCE if mixed == "pairs" else PATIENCE
     for lb, fixed in mixed_options(ctx, items, templates, total, budget):
-        if lb >= best or stale >= PATIENCE or out_of_time():
+        if lb >= best or stale >= patience or out_of_time():
             break
         if mixed and not fixed:
             continue  # done in the homogeneous pass
@@ -212,11 +217,12 @@ def _search_decomposed(
     found.sort(key=lambda x: x[0])
     top = [layout for _, layout in found[:TOP]]
     inc.offer(ctx, top)
-    for layout in top:
-        path = refine(ctx, layout)
-        if path:
-            inc.offer(ctx, path[-REFINED:])
-            found.append((estimate(ctx, path[-1]), path[-1]))
+    # Local moves from the best mixed layout only: they are what reaches several mixed shapes,
+    # and from every pass's layouts they would cost more than the rest of the search.
+    path = refine(ctx, found[0][1]) if mixed and found else []
+    if path:
+        inc.offer(ctx, path[-REFINED:])
+        found.append((estimate(ctx, path[-1]), path[-1]))
     return min(e for e, _ in found) if found else math.inf
 
 
