@@ -152,8 +152,22 @@ def proportional_templates(ctx: ShapeContext) -> list[TemplateCost]:
         seen.add(comp)
         if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < states:
             continue
-        out += ctx.orders(comp)
+        out += ctx.orders(comp) or _fewer_poor(ctx, comp)
     return out
+
+
+def _fewer_poor(ctx: ShapeContext, comp: tuple[int, ...]) -> list[TemplateCost]:
+    """A proportional shape that does not fit: fewer devices of its type with the least memory
+    per device, down to the first count that fits (a longer pipeline keeps more micro-batches in
+    flight at its front under 1F1B: 8 A100 + 10 V100 fit without recomputation where 8 + 16 do
+    not)."""
+    mem = {k: ctx.problem.pools[k].gpu.memory_bytes for k in ctx.keys}
+    j = min((i for i, c in enumerate(comp) if c), key=lambda i: mem[ctx.keys[i]])
+    for n in range(comp[j] - 1, 0, -1):
+        got = ctx.orders((*comp[:j], n, *comp[j + 1 :]))
+        if got:
+            return got
+    return []
 
 
 def _copies(kmax: int) -> list[int]:

@@ -65,7 +65,7 @@ PATIENCE = 8
 PAIR_PATIENCE = 24
 """... in the two-type pass, whose best option (k copies of 1 H100 + 8 T4) can come after many
 with fewer copies or other counts."""
-FULL_SETTINGS = 2
+FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
 """... and that get two-type shapes for types that cannot hold the model alone."""
