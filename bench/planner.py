@@ -71,8 +71,16 @@ def run_one(cluster_file: Path, model: str, batch: int, seq: int, oracle: bool) 
             "pipelines": len(r.plan.pipelines) if r.plan else 0,
             "devices": r.plan.num_devices if r.plan else 0,
             "origin": r.note.split(" plan was")[0].removeprefix("the ") if r.note else "hpp",
+            "setting": _setting(r.plan) if r.plan else "",
         }
     return row
+
+
+def _setting(plan) -> str:
+    """Schedule, micro-batch sizes and recomputation of a plan, as the table shows them."""
+    sizes = sorted({p.micro_batch_size for p in plan.pipelines})
+    rc = "recompute" if plan.train.recompute else "no recompute"
+    return f"{plan.train.schedule}, mbs {'/'.join(map(str, sizes))}, {rc}"
 
 
 def speedups(row: dict) -> dict[str, float]:
@@ -162,11 +170,14 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         "## Scenarios",
         "",
         "*hpp plan*: `own` when hpp's own search found the best plan, else the baseline whose "
-        "plan it kept. *no plan*: the baseline found nothing that fits.",
+        "plan it kept. *hpp setting*: its schedule (the suite's TrainSpec default; the search "
+        "does not choose it), micro-batch size and recomputation. *no plan*: the baseline found "
+        "nothing that fits.",
         "",
         "| cluster | GPUs | types | model | batch | hpp samples/s | % of limit | vs uniform "
-        "| vs layer-bal. | vs data-bal. | hpp plan | hpp search | baseline searches (u/l/d) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs layer-bal. | vs data-bal. | hpp plan | hpp setting | hpp search "
+        "| baseline searches (u/l/d) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sp = speedups(r)
@@ -175,7 +186,8 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
             f"| {r['cluster']} | {r['gpus']} | {r['types']} | {r['model']} | {r['batch']} | "
             f"{h['tput']:.1f} | {h['tput'] / r['limit']:.0%} | {_x(sp['uniform'])} | "
             f"{_x(sp['layer-balanced'])} | {_x(sp['data-balanced'])} | "
-            f"{'own' if h['origin'] == 'hpp' else h['origin']} | {h['search']:.2f} s | "
+            f"{'own' if h['origin'] == 'hpp' else h['origin']} | {h['setting']} | "
+            f"{h['search']:.2f} s | "
             + "/".join(f"{r[b]['search']:.2f}" for b in BASELINES)
             + " s |"
         )

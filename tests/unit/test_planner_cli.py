@@ -116,3 +116,19 @@ def test_bench_quick_mode_runs(tmp_path):
     assert "hpp over the best baseline" in res.stdout
     text = out.read_text()
     assert "bench/planner.py --quick" in text and "| mixed-8 |" in text
+
+
+def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys):
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-350m", "--global-batch"]
+    args += ["32", "--seq-len", "1024", "--json", "--out", str(tmp_path / "p.json")]
+    assert main([*args, "--time-limit", "1e-9"]) == 0  # stops once the first plan is found
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["feasible"] and cut["note"].startswith("time limit of 1e-09 s reached")
+    assert main([*args, "--time-limit", "1000"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert "time limit" not in full["note"]
+    assert full["iteration_time_s"] <= cut["iteration_time_s"]
+    assert main([*args, "--time-limit", "5", "--strategy", "uniform"]) == 2
+    assert "hpp search only" in capsys.readouterr().err
+    assert main([*args, "--time-limit", "0"]) == 2  # main returns argparse's exit code
+    assert "--time-limit: expected a finite number > 0" in capsys.readouterr().err

@@ -15,9 +15,10 @@ from hetpp.cost.memory import stage_memory, stage_memory_parts
 from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.planner.balance import PipelineGroup, allocate, balanced_time, balanced_times
 from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
-from hetpp.planner.multisets import count_multisets, multisets
+from hetpp.planner.multisets import composition, count_multisets, multisets
 from hetpp.planner.partition import balance_stages, equal_bounds
-from hetpp.planner.placement import place
+from hetpp.planner.placement import _Free, place
+from hetpp.planner.refine import estimate, refine
 from hetpp.planner.shapes import ShapeContext
 from hetpp.specs import CATALOG
 
@@ -177,3 +178,28 @@ def test_placement_keeps_runs_inside_nodes_when_it_can():
     assert len(nodes[1]) == 1 and nodes[0] != nodes[1]
     assert len({d for devs in got for d in devs}) == 10
     assert place(p, [(("rtx-4090", 5),)]) is None
+
+
+def test_free_devices_best_fit_then_spread_lowest_index_on_ties():
+    free = _Free([[0, 1, 2, 3], [4, 5], [6, 7, 8], []])
+    assert free.take(2) == [4, 5]  # node 1 fits exactly
+    assert free.take(3) == [6, 7, 8]  # node 2 is fuller than node 0
+    assert free.take(1) == [0]
+    assert free.take(4) is None  # 3 left
+    free = _Free([[0, 1], [2, 3, 4], [5, 6, 7]])
+    assert free.take(5) == [2, 3, 4, 5, 6]  # no node fits: most free first, node 1 on the tie
+    assert free.take(3) == [0, 1, 7]  # node 0 has 2 free, node 2 has 1
+    assert free.total == 0
+
+
+def test_local_moves_improve_the_estimate_and_respect_device_counts():
+    p = problem(cluster(("L40S", 8, 1), ("A100-80GB", 8, 1)), "gpt3-13b", 128, seq=2048)
+    ctx = ShapeContext(p, False, 1)
+    start = [(ctx.best((4, 4)), 2)]  # (L40S, A100): the layer-balanced shape, twice
+    path = refine(ctx, start)
+    assert path
+    scores = [estimate(ctx, lay) for lay in [start, *path]]
+    assert all(b < a for a, b in itertools.pairwise(scores))
+    for lay in path:
+        used = [sum(composition(ctx, t)[j] * k for t, k in lay) for j in range(len(ctx.keys))]
+        assert all(u <= n for u, n in zip(used, ctx.counts))

@@ -15,7 +15,7 @@ from hetpp.specs.io import validate_model
 from hetpp.specs.presets import load_model_config
 from hetpp.specs.schedule import SCHEDULES
 from hetpp.specs.trainspec import DTYPE_BYTES, TrainSpec
-from hetpp.specs.values import non_negative_float, positive_int
+from hetpp.specs.values import non_negative_float, positive_float, positive_int
 
 
 def add_profile_argument(p: argparse.ArgumentParser) -> None:
@@ -135,3 +135,13 @@ def search_progress(enabled: bool = True):
             bar.update(task, completed=fraction, description=f"searching: {what}")
 
         yield report
+
+
+def add_time_limit_argument(p: argparse.ArgumentParser) -> None:
+    """`--time-limit SECONDS`: the hpp search returns the best plan found by then."""
+    p.add_argument(
+        "--time-limit",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop the hpp search after about this long and keep the best plan found so far",
+    )

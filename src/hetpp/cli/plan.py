@@ -6,7 +6,12 @@ import argparse
 import json
 from collections.abc import Callable
 
-from hetpp.cli._options import add_problem_arguments, problem_from, search_progress
+from hetpp.cli._options import (
+    add_problem_arguments,
+    add_time_limit_argument,
+    problem_from,
+    search_progress,
+)
 from hetpp.planner import STRATEGIES, Problem, plan, unused_devices
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible
@@ -20,6 +25,7 @@ EXAMPLES = """examples:
   hetpp plan --cluster cluster.yaml --model gpt3-13b --global-batch 1024 --seq-len 2048 \\
       --strategy hpp --micro-batch-sizes 1,2,4 --out plan.json
   hetpp plan --cluster c.yaml --model ./config.json --global-batch 256 --profile a100.csv --json
+  hetpp plan --cluster big.yaml --model llama2-13b --global-batch 4096 --time-limit 5
 """
 
 
@@ -41,16 +47,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="hpp",
         help="hpp (default), a baseline, or the exhaustive oracle (small clusters only)",
     )
+    add_time_limit_argument(p)
     p.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=run)
 
 
 def run_strategy(
-    problem: Problem, strategy: str, progress: Callable[[float, str], None] | None = None
+    problem: Problem,
+    strategy: str,
+    progress: Callable[[float, str], None] | None = None,
+    time_limit_s: float | None = None,
 ) -> PlanResult:
     """One strategy; SpecError with the reason when nothing fits."""
-    result = plan(problem, strategy, progress)
+    result = plan(problem, strategy, progress, time_limit_s)
     if not result.feasible:
         raise SpecError(explain_infeasible(problem, result.note))
     return result
@@ -60,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     problem = problem_from(args)
     with search_progress(not args.json) as report:
-        result = run_strategy(problem, args.strategy, report)
+        result = run_strategy(problem, args.strategy, report, args.time_limit)
     final = result.final_plan()
     assert final is not None
     final.save(args.out)

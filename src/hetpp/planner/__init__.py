@@ -34,10 +34,23 @@ STRATEGIES: dict[str, Strategy] = {
 (exhaustive over hpp's space, small clusters only)."""
 
 
-def plan(problem: Problem, strategy: str = "hpp", progress: Progress | None = None) -> PlanResult:
-    """Run one strategy on a problem."""
+def plan(
+    problem: Problem,
+    strategy: str = "hpp",
+    progress: Progress | None = None,
+    time_limit_s: float | None = None,
+) -> PlanResult:
+    """Run one strategy on a problem; `time_limit_s` (hpp only) returns the best plan found by
+    then."""
     if strategy not in STRATEGIES:
         raise SpecError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if time_limit_s is not None:
+        if strategy != "hpp":
+            raise SpecError(
+                f"a time limit applies to the hpp search only, not to {strategy!r}",
+                field="time_limit",
+            )
+        return search_hpp(problem, progress, time_limit_s)
     return STRATEGIES[strategy](problem, progress)
 
 

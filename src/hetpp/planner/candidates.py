@@ -56,34 +56,44 @@ def _devices_for(ctx: ShapeContext, key: str, nbytes: float) -> int:
 
 
 def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[TemplateCost]:
-    """Two-type shapes for a type that cannot hold the model alone: a few devices of a type with
-    more memory per device carry the layers it cannot hold. Per rich count a, the fewest
-    devices c of the poor type that fit, and a few more (scanning up from the memory floor).
-    (Mixing types that can each hold the model is covered by `proportional_templates`.)"""
+    """Two-type shapes: a few devices a of a type with more memory per device (up to
+    `MIXED_RICH_MAX`) and c of the other. Where the other type cannot hold the model alone, the
+    rich devices carry the layers it cannot hold: c from the fewest that fit and a few more.
+    Where it can, a fast rich device can also take a large share of the layers while several
+    slow ones share the rest (1 H100 + 8 T4 beats homogeneous T4 pipelines next to an idle
+    H100): c also over powers of two. (Proportional mixes: `proportional_templates`.)"""
     pools = ctx.problem.pools
     out: list[TemplateCost] = []
     idx = {k: i for i, k in enumerate(ctx.keys)}
+    states = model_state_bytes(ctx.cm.model, ctx.cm.train)
     for rich, poor in itertools.permutations(ctx.keys, 2):
-        if items[poor] or pools[rich].gpu.memory_bytes < pools[poor].gpu.memory_bytes:
+        if pools[rich].gpu.memory_bytes < pools[poor].gpu.memory_bytes:
             continue
         if pools[rich].gpu.memory_bytes == pools[poor].gpu.memory_bytes and rich > poor:
             continue
         least_rich = items[rich][0].num_stages if items[rich] else pools[rich].count
-        states = model_state_bytes(ctx.cm.model, ctx.cm.train)
+        usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
         for a in range(1, min(pools[rich].count, MIXED_RICH_MAX, least_rich) + 1):
-            found = 0
-            usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
+            top = min(pools[poor].count, ctx.layer_list_len - a)
             floor = _devices_for(ctx, poor, states - a * usable_rich)
-            for c in range(floor, min(pools[poor].count, ctx.layer_list_len - a) + 1):
+            spread = {c for c in _powers_of_two(top) if c > floor} if items[poor] else set()
+            found = 0
+            for c in range(floor, top + 1):
+                if found > MIXED_SPAN and c not in spread:
+                    if c > max(spread, default=0):
+                        break
+                    continue
                 comp = [0] * len(ctx.keys)
                 comp[idx[rich]], comp[idx[poor]] = a, c
                 got = ctx.orders(tuple(comp))
                 if got or found:
                     found += 1
                     out += got
-                if found > MIXED_SPAN:
-                    break
     return out
+
+
+def _powers_of_two(top: int) -> list[int]:
+    return [1 << i for i in range(top.bit_length()) if 1 << i <= top]
 
 
 def nested_layouts(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[Layout]:
@@ -142,8 +152,22 @@ def proportional_templates(ctx: ShapeContext) -> list[TemplateCost]:
         seen.add(comp)
         if sum(c * usable[k] for c, k in zip(comp, ctx.keys)) < states:
             continue
-        out += ctx.orders(comp)
+        out += ctx.orders(comp) or _fewer_poor(ctx, comp)
     return out
+
+
+def _fewer_poor(ctx: ShapeContext, comp: tuple[int, ...]) -> list[TemplateCost]:
+    """A proportional shape that does not fit: fewer devices of its type with the least memory
+    per device, down to the first count that fits (a longer pipeline keeps more micro-batches in
+    flight at its front under 1F1B: 8 A100 + 10 V100 fit without recomputation where 8 + 16 do
+    not)."""
+    mem = {k: ctx.problem.pools[k].gpu.memory_bytes for k in ctx.keys}
+    j = min((i for i, c in enumerate(comp) if c), key=lambda i: mem[ctx.keys[i]])
+    for n in range(comp[j] - 1, 0, -1):
+        got = ctx.orders((*comp[:j], n, *comp[j + 1 :]))
+        if got:
+            return got
+    return []
 
 
 def _copies(kmax: int) -> list[int]:

@@ -8,6 +8,7 @@ nodes with the most free devices (fewest node crossings, so fewest slow links).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from hetpp.planner.problem import Problem
@@ -16,13 +17,13 @@ from hetpp.planner.shapes import Runs
 
 def place(problem: Problem, pipelines: Sequence[Runs]) -> list[tuple[int, ...]] | None:
     """Device ids per stage for each pipeline; None if the cluster has too few devices."""
-    free = {k: [list(n) for n in pool.nodes] for k, pool in problem.pools.items()}
+    free = {k: _Free(pool.nodes) for k, pool in problem.pools.items()}
     tasks = [
         (-n, p, r, key, n) for p, runs in enumerate(pipelines) for r, (key, n) in enumerate(runs)
     ]
     chosen: dict[tuple[int, int], list[int]] = {}
     for _, p, r, key, n in sorted(tasks):
-        got = _take(free.get(key, []), n)
+        got = free[key].take(n) if key in free else None
         if got is None:
             return None
         chosen[(p, r)] = got
@@ -32,19 +33,41 @@ def place(problem: Problem, pipelines: Sequence[Runs]) -> list[tuple[int, ...]] 
     ]
 
 
-def _take(nodes: list[list[int]], n: int) -> list[int] | None:
-    if sum(len(x) for x in nodes) < n:
-        return None
-    fitting = [i for i, x in enumerate(nodes) if len(x) >= n]
-    if fitting:
-        i = min(fitting, key=lambda i: (len(nodes[i]), i))
-        got, nodes[i][:] = nodes[i][:n], nodes[i][n:]
+class _Free:
+    """Free devices of one type per node, with the nodes kept sorted by (free count, index):
+    each take finds its node by bisection instead of rescanning every node (a large cluster
+    places thousands of runs per plan)."""
+
+    def __init__(self, nodes: Sequence[Sequence[int]]):
+        self.devices = [list(n) for n in nodes]
+        self.start = [0] * len(nodes)
+        """Devices of node i before this index are taken."""
+        self.order = sorted((len(n), i) for i, n in enumerate(nodes) if n)
+        """(free count, node index) of every node with a free device, ascending."""
+        self.total = sum(len(n) for n in nodes)
+
+    def take(self, n: int) -> list[int] | None:
+        """n devices: whole from the fullest node they fit in (best fit, lowest index on ties),
+        else from the nodes with the most free devices (lowest index on ties); None if fewer
+        than n are free."""
+        if self.total < n:
+            return None
+        j = bisect.bisect_left(self.order, (n, -1))
+        if j < len(self.order):
+            return self._from(j, n)
+        got: list[int] = []
+        while len(got) < n:
+            most = self.order[-1][0]
+            got += self._from(bisect.bisect_left(self.order, (most, -1)), n - len(got))
         return got
-    got = []
-    for i in sorted(range(len(nodes)), key=lambda i: (-len(nodes[i]), i)):
-        k = min(n - len(got), len(nodes[i]))
-        got += nodes[i][:k]
-        nodes[i][:] = nodes[i][k:]
-        if len(got) == n:
-            break
-    return got
+
+    def _from(self, j: int, n: int) -> list[int]:
+        """Up to n devices of the node at position j of `order`."""
+        free, i = self.order.pop(j)
+        k = min(n, free)
+        got = self.devices[i][self.start[i] : self.start[i] + k]
+        self.start[i] += k
+        self.total -= k
+        if free > k:
+            bisect.insort(self.order, (free - k, i))
+        return got

@@ -44,6 +44,7 @@ from hetpp.planner.candidates import (
 from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
 from hetpp.planner.multisets import branch_and_bound, compositions, count_multisets
 from hetpp.planner.problem import Problem
+from hetpp.planner.refine import estimate, refine
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
 
@@ -57,34 +58,57 @@ EXACT_MULTISETS = 20000
 """... and their template multisets, if at most this many, ranked by branch and bound."""
 TOP = 2
 """Large clusters: layouts per pass ranked with the full cost."""
+REFINED = 2
+"""Large clusters: layouts from the end of each local-move path ranked with the full cost."""
 PATIENCE = 8
-"""Large clusters: options tried past the last one that improved the best estimate."""
-FULL_SETTINGS = 2
+"""Large clusters: options tried past the last one that improved the best estimate ..."""
+PAIR_PATIENCE = 24
+"""... in the two-type pass, whose best option (k copies of 1 H100 + 8 T4) can come after many
+with fewer copies or other counts."""
+FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
 """... and that get two-type shapes for types that cannot hold the model alone."""
 
 
-def search_hpp(problem: Problem, progress: Progress | None = None) -> PlanResult:
-    """The fastest plan hpp finds (never slower than any baseline's)."""
+def search_hpp(
+    problem: Problem, progress: Progress | None = None, time_limit_s: float | None = None
+) -> PlanResult:
+    """The fastest plan hpp finds (never slower than any baseline's). With `time_limit_s`, the
+    search stops at the first check past it once it has a plan (checks: before a baseline, a
+    setting, a pass or a layout option) and returns the best plan so far, saying so in its
+    note."""
     t0 = time.perf_counter()
+    limit = math.inf if time_limit_s is None else t0 + time_limit_s
     ws = Workspace(problem)
     say = progress or (lambda f, s: None)
     inc = Incumbent(problem, "hpp")
+
+    stopped = []  # set when a check stops the search
+
+    def out_of_time() -> bool:
+        if inc.result is not None and time.perf_counter() > limit:
+            stopped.append(True)
+        return bool(stopped)
+
     for i, (name, run) in enumerate(BASELINES.items()):
+        if out_of_time():
+            break
         say(0.1 * i, f"baseline {name}")
         inc.offer_result(run(problem, ws))
     settings = sorted(ws.settings(), key=lambda s: ideal_time_bound(problem, *s))
     screened: list[tuple[float, ShapeContext]] = []
     for i, (rc, mbs) in enumerate(settings):
         say(0.3 + 0.4 * i / max(1, len(settings)), f"micro-batch {mbs}, recompute {rc}")
+        if out_of_time():
+            break
         if ideal_time_bound(problem, rc, mbs) >= inc.bound:
             continue
         ctx = ws.context(rc, mbs)
         if _exact_search_fits(ctx):
             _search_exact(ctx, inc)
         else:
-            screened.append((_search_decomposed(ctx, inc, mixed=None), ctx))
+            screened.append((_search_decomposed(ctx, inc, None, out_of_time), ctx))
     # Large clusters: the settings that did best with homogeneous pipelines get the mixed
     # shapes too (the layer-balanced ones, then two-type ones for types that cannot hold the
     # model alone), which cost the most templates.
@@ -93,16 +117,20 @@ def search_hpp(problem: Problem, progress: Progress | None = None) -> PlanResult
     passes += [("pairs", c) for c in ranked[:PAIR_SETTINGS]]
     for j, (kind, ctx) in enumerate(passes):
         say(0.7 + 0.3 * j / len(passes), f"{kind} shapes, micro-batch {ctx.mbs}")
+        if out_of_time():
+            break
         if ideal_time_bound(problem, ctx.recompute, ctx.mbs) < inc.bound:
-            _search_decomposed(ctx, inc, mixed=kind)
+            _search_decomposed(ctx, inc, kind, out_of_time)
     say(1.0, "done")
     elapsed = time.perf_counter() - t0
     best = inc.result
     if best is None or best.plan is None:
         return PlanResult("hpp", None, None, elapsed, "no plan fits")
-    note = "" if best.strategy == "hpp" else f"the {best.strategy} plan was the best found"
+    notes = [f"the {best.strategy} plan was the best found"] if best.strategy != "hpp" else []
+    if stopped:
+        notes.insert(0, f"time limit of {time_limit_s:g} s reached: the best plan found so far")
     plan = best.plan.model_copy(update={"strategy": "hpp"})
-    return PlanResult("hpp", plan, best.step, elapsed, note)
+    return PlanResult("hpp", plan, best.step, elapsed, "; ".join(notes))
 
 
 def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
@@ -136,12 +164,18 @@ def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
         branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
 
 
-def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> float:
+def _search_decomposed(
+    ctx: ShapeContext,
+    inc: Incumbent,
+    mixed: str | None,
+    out_of_time: Callable[[], bool] = lambda: False,
+) -> float:
     """Large clusters: per-type knapsack over homogeneous depths plus (`mixed`) one mixed
     template taken k times: the layer-balanced shapes ("proportional") or two-type shapes for
     types that cannot hold the model alone ("pairs"). Options go in order of their bound, cut
     off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
-    homogeneous layouts too. The best few by estimate get the full cost; returns the best
+    homogeneous layouts too. The best few by estimate get the full cost; with `mixed`, local
+    moves (`refine`) from the best; no options once `out_of_time()`. Returns the best
     estimate."""
     total = ctx.problem.micro_batches(ctx.mbs)
     budget = ctx.problem.schedule_spec.devices_within_batch
@@ -154,8 +188,9 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
     avail = dict(zip(ctx.keys, ctx.counts))
     found: list[tuple[float, Layout]] = []
     best, stale = inc.bound, 0
+    patience = PAIR_PATIENCE if mixed == "pairs" else PATIENCE
     for lb, fixed in mixed_options(ctx, items, templates, total, budget):
-        if lb >= best or stale >= PATIENCE:
+        if lb >= best or stale >= patience or out_of_time():
             break
         if mixed and not fixed:
             continue  # done in the homogeneous pass
@@ -180,8 +215,15 @@ def _search_decomposed(ctx: ShapeContext, inc: Incumbent, mixed: str | None) -> 
             if t < math.inf:
                 found.append((t + layout_tail(ctx, layout), layout))
     found.sort(key=lambda x: x[0])
-    inc.offer(ctx, [layout for _, layout in found[:TOP]])
-    return found[0][0] if found else math.inf
+    top = [layout for _, layout in found[:TOP]]
+    inc.offer(ctx, top)
+    # Local moves from the best mixed layout only: they are what reaches several mixed shapes,
+    # and from every pass's layouts they would cost more than the rest of the search.
+    path = refine(ctx, found[0][1]) if mixed and found else []
+    if path:
+        inc.offer(ctx, path[-REFINED:])
+        found.append((estimate(ctx, path[-1]), path[-1]))
+    return min(e for e, _ in found) if found else math.inf
 
 
 def _exact_search_fits(ctx: ShapeContext) -> bool:

@@ -48,7 +48,10 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket.
     grad = train.grad_bytes_per_param
     order = [
-        (tuple(enumerate(owners)), allreduce_time_s(params * grad, replicas, link))
+        (
+            tuple(enumerate(owners)),
+            allreduce_time_s(params * grad, replicas, _bucket_link(ctx, layout, owners, link)),
+        )
         for owners, (params, _) in sorted(buckets.items(), key=lambda kv: -kv[1][1])
     ]
     order += _tied(ctx, layout, link)
@@ -78,12 +81,20 @@ def _tied(ctx: ShapeContext, layout, link: Link) -> list[tuple[list[Group], floa
     ]
 
 
-def _sync_link(ctx: ShapeContext, layout) -> Link:
-    """The ring every bucket uses: inside one node if one type's pipelines fit one of its nodes
-    (or the cluster is one node), else across nodes."""
+def _sync_link(ctx: ShapeContext, layout, keys: set[str] | None = None) -> Link:
+    """The ring over owners of the GPU types `keys` (default: every type the layout uses):
+    inside one node if they are of one type whose devices in the layout fit one of its nodes
+    (placement then packs them there) or the cluster is one node, else across nodes."""
     pools = ctx.problem.pools
-    keys = {k for t, _ in layout for k in t.stage_keys}
+    keys = keys or {k for t, _ in layout for k in t.stage_keys}
     used = {k: sum(n * c for t, n in layout for kk, c in t.runs if kk == k) for k in keys}
     one_node = len(keys) == 1 and all(used[k] <= pools[k].gpus_per_node for k in keys)
     spans = not (one_node or ctx.problem.num_nodes == 1)
     return ring_link(ctx.problem.cluster, (pools[k].intra_bw_bytes_per_s for k in keys), spans)
+
+
+def _bucket_link(ctx: ShapeContext, layout, owners: tuple[int, ...], whole: Link) -> Link:
+    """One bucket's ring: its owners' types decide (mixed pipelines whose stages of one type
+    share a node sync those stages inside it); `whole` when they span types."""
+    keys = {t.stage_keys[s] for (t, _), s in zip(layout, owners)}
+    return _sync_link(ctx, layout, keys) if len(keys) == 1 else whole
