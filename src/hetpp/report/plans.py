@@ -7,6 +7,7 @@ from rich.table import Table
 
 from hetpp.planner import Problem, unused_devices
 from hetpp.planner.assemble import PlanResult
+from hetpp.specs.plan import Plan
 
 
 def plan_table(problem: Problem, result: PlanResult) -> Table:
@@ -57,7 +58,7 @@ def print_plan(problem: Problem, result: PlanResult, console: Console | None = N
         f"iteration {step.iteration_time_s:.3f} s (pipelines {max(step.pipeline_time_s):.3f} s, "
         f"exposed sync {step.exposed_sync_s:.3f} s, optimizer {step.optimizer_s:.3f} s), "
         f"throughput {step.throughput_samples_per_s:.2f} samples/s, "
-        f"recompute {'on' if plan.train.recompute else 'off'}, search {result.search_time_s:.2f} s"
+        f"{recompute_summary(plan)}, search {result.search_time_s:.2f} s"
     )
     if unused:
         console.print(f"unused devices: {_ranges(unused)}")
@@ -104,3 +105,12 @@ def comparison_table(results: list[PlanResult]) -> Table:
             f"{r.search_time_s:.2f} s",
         )
     return table
+
+
+def recompute_summary(plan: Plan) -> str:
+    """'recompute off', 'recompute on' (every stage) or 'recompute on k of n stages'."""
+    stages = [st for pipe in plan.pipelines for st in pipe.stages]
+    on = sum(st.recomputes(plan.train) for st in stages)
+    if on in (0, len(stages)):
+        return f"recompute {'on' if on else 'off'}"
+    return f"recompute on {on} of {len(stages)} stages"
