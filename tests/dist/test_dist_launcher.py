@@ -3,6 +3,7 @@ cluster whose second GPU type is 3x slower, and verifies the result."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -74,9 +75,9 @@ def test_hetpp_train_runs_the_ranks_and_verifies(tmp_path):
     assert summary["samples_per_s"] > 0
 
 
-def test_hetpp_train_stops_every_rank_when_one_fails(tmp_path):
-    # A checkpoint whose layer-3 file is damaged: only the rank holding layer 3 fails to load it;
-    # the others must notice, stop, and the launcher must exit non-zero.
+def _damaged_checkpoint(tmp_path) -> tuple[list[str], object]:
+    """A 3-stage plan of tiny-gpt and a checkpoint whose layer-3 file is damaged; the train
+    command that resumes from it."""
     c = PRESETS["tiny-gpt"]
     full = StageModule(c, 0, 6, seed=0, dtype=torch.float32)
     opts = TrainOptions(plan="unused")
@@ -100,18 +101,38 @@ def test_hetpp_train_stops_every_rank_when_one_fails(tmp_path):
         StagePlan(devices=(2,), layers=(4, 6)),
     )
     pipe = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=4)
-    Plan(global_batch=4, seq_len=16, model=c, pipelines=(pipe,)).save(tmp_path / "plan.json")
+    Plan(global_batch=4, seq_len=16, precision="fp32", model=c, pipelines=(pipe,)).save(
+        tmp_path / "plan.json"
+    )
     args = (
         f"train --plan {tmp_path / 'plan.json'} --steps 3 --checkpoint-dir {ckpt} --resume "
         "--timeout-s 600"
     )
-    cmd = [sys.executable, "-m", "hetpp.cli.main", *args.split()]
+    return [sys.executable, "-m", "hetpp.cli.main", *args.split()], checkpoint.latest(ckpt)
+
+
+def test_a_damaged_checkpoint_is_one_line_from_the_launcher(tmp_path):
+    cmd, _ = _damaged_checkpoint(tmp_path)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "layer_0003.pt: checksum does not match meta.json" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "hetpp rank" not in out.stderr
+
+
+def test_hetpp_train_stops_every_rank_when_one_fails(tmp_path):
+    # A format-1 checkpoint (no checksums the launcher could check) whose layer-3 file is
+    # damaged: only the rank holding layer 3 fails to load it; the others must notice, stop, and
+    # the launcher must exit non-zero.
+    cmd, saved = _damaged_checkpoint(tmp_path)
+    meta = json.loads((saved / "meta.json").read_text())
+    meta.update(format=1, files={})
+    (saved / "meta.json").write_text(json.dumps(meta))
     # The others notice the lost peer at once: waiting for the 600 s collective timeout would
     # overrun the subprocess timeout and fail the test.
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode in (1, 2), out.stdout + out.stderr
     assert "hetpp rank 1: failed while loading the checkpoint: " in out.stderr
-    assert "layer_0003.pt: checksum does not match meta.json" in out.stderr
+    assert "layer_0003.pt: unreadable layer file" in out.stderr
     assert "hetpp train: failed (exit codes rank 0: 1, rank 1: 2, rank 2: 1)" in out.stderr
     for r in (0, 2):
         assert f"hetpp rank {r}: failed while step 2: pipeline schedule" in out.stderr, out.stderr

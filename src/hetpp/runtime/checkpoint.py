@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from hetpp.runtime.checkpoint_meta import (
+    CHECKSUM_MISMATCH,
     CheckpointMeta,
     LayerRecord,
     latest,
@@ -164,7 +165,7 @@ def _read_layer(root: Path, index: int, meta: CheckpointMeta) -> dict:
     try:
         raw = path.read_bytes()
         if record is not None and sha256(raw) != record.sha256:
-            raise SpecError("checksum does not match meta.json (damaged or replaced)")
+            raise SpecError(CHECKSUM_MISMATCH)
         data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except SpecError as e:
         raise e.in_file(str(path)) from None

@@ -19,6 +19,7 @@ from hetpp.specs.io import parse_mapping, read_text, validate_model
 
 FORMAT = 2
 """2: per-file checksums and layer identities in `files`. Format 1 (no `files`) still loads."""
+CHECKSUM_MISMATCH = "checksum does not match meta.json (damaged or replaced)"
 _STEP_DIR = re.compile(r"step_(\d{8})")
 
 
@@ -106,3 +107,24 @@ def check_resumable(path: Path, model: dict, optimizer: str, seed: int) -> Check
         if missing:
             raise SpecError(f"no record of {missing[0]}", file=str(Path(path) / "meta.json"))
     return meta
+
+
+def check_files(path: Path) -> None:
+    """SpecError naming the first layer file that is missing or whose bytes do not match its
+    recorded checksum. The launcher runs it once, before any rank starts, so a damaged file is
+    one message (the rank loading it would check it again, and the others would only see a
+    lost peer)."""
+    meta = read_meta(path)
+    for name, record in sorted(meta.files.items()):
+        file = Path(path) / name
+        digest = hashlib.sha256()
+        try:
+            with open(file, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+        except OSError as e:
+            raise SpecError(f"cannot read ({e.strerror or e})", file=str(file)) from None
+        if digest.hexdigest() != record.sha256:
+            raise SpecError(
+                "checksum does not match meta.json (damaged or replaced)", file=str(file)
+            )

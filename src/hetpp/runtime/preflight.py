@@ -9,7 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from hetpp.runtime.checkpoint_meta import check_resumable, latest
+from hetpp.runtime.checkpoint_meta import check_files, check_resumable, latest
 from hetpp.runtime.options import TrainOptions
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import check_output_dir, check_output_file
@@ -46,7 +46,7 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
         raise SpecError(
             "needs the tensorboard package: pip install 'hetpp[tensorboard]'", field="--tensorboard"
         )
-    notices = _check_checkpoints(opts, plan) if opts.checkpoint_dir else []
+    notices = _check_checkpoints(opts, plan, local) if opts.checkpoint_dir else []
     if local:
         _check_host_memory(opts, plan)
     return notices
@@ -67,7 +67,7 @@ def _check_data(opts: TrainOptions, plan: Plan) -> None:
         raise SpecError(f"not a token file ({e})", file=opts.data, field="--data") from None
 
 
-def _check_checkpoints(opts: TrainOptions, plan: Plan) -> list[str]:
+def _check_checkpoints(opts: TrainOptions, plan: Plan, local: bool) -> list[str]:
     assert opts.checkpoint_dir is not None
     check_output_dir(opts.checkpoint_dir, "--checkpoint-dir")
     if not opts.resume:
@@ -78,6 +78,8 @@ def _check_checkpoints(opts: TrainOptions, plan: Plan) -> list[str]:
         return [f"--resume: no complete checkpoint in {opts.checkpoint_dir}; starting at step 0"]
     model = plan.model.model_dump(mode="json")
     meta = check_resumable(path, model, opts.optimizer, opts.seed)
+    if local:  # the launcher reads every file once; under torchrun each rank checks its own
+        check_files(path)
     if meta.step >= opts.steps:
         return [f"--resume: {path} is at step {meta.step}, --steps is {opts.steps}: nothing to do"]
     return []
