@@ -8,6 +8,10 @@ No torch here: the launcher runs it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 
@@ -62,3 +66,21 @@ def describe(plan: Plan, precision: str) -> list[str]:
             + (f"stages {again}" if again else "off")
         )
     return lines
+
+
+def announce(
+    plan: Plan,
+    emulate: bool,
+    devices: Sequence[int],
+    precision: str,
+    start: int,
+    resumed_from: Path | None,
+) -> None:
+    """Rank 0's opening lines: what it executes (`describe`), where it resumes, and the emulated
+    slowdown of each of `devices`."""
+    print("\n".join(describe(plan, precision)), flush=True)
+    if resumed_from is not None:
+        print(f"resumed from {resumed_from} at step {start}", flush=True)
+    if emulate and plan.cluster is not None:
+        factors = ", ".join(f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in devices)
+        print(f"emulating device slowdowns {factors}", flush=True)

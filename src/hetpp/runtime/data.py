@@ -165,3 +165,20 @@ def batch(source: TokenSource, first: int, count: int) -> tuple[torch.Tensor, to
     """(inputs, targets) of samples [first, first + count), each [count, seq_len]."""
     rows = torch.stack([source.sample(first + i) for i in range(count)])
     return rows[:, :-1], rows[:, 1:]
+
+
+def validation_rows(
+    data: str | None, plan: Plan, seed: int, eval_every: int, eval_batches: int
+) -> torch.Tensor | None:
+    """The held-out rows `--eval-every` evaluates on (`eval_batches` global batches), None when
+    validation is off; SpecError when the data has no held-out split."""
+    if eval_every == 0:
+        return None
+    rows = validation_batch(data, plan, seed, eval_batches * plan.global_batch)
+    if rows is None:
+        raise SpecError(
+            "--eval-every needs held-out data: a prepared dataset with a validation split "
+            "(hetpp data prepare) or synthetic data",
+            field="--eval-every",
+        )
+    return rows

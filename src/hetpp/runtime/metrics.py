@@ -170,3 +170,13 @@ def print_summary(records: list[StepMetrics], devices: list[int]) -> None:
             str(r), str(d), *(f"{s[k][r]:.4f}" for k in ("compute_s", "wait_s", "comm_s"))
         )
     console.print(table)
+
+
+def print_progress(m: StepMetrics, steps: int) -> None:
+    """One line per step on rank 0."""
+    print(
+        f"step {m.step}/{steps}  loss {m.loss:.4f}  {m.step_s * 1e3:.1f} ms  "
+        f"{m.samples_per_s:.1f} samples/s  {m.tokens_per_s:.0f} tokens/s"
+        + ("" if m.val_loss is None else f"  val {m.val_loss:.4f}"),
+        flush=True,
+    )

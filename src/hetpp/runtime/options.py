@@ -118,6 +118,10 @@ class TrainOptions:
             if not ok:
                 raise SpecError(msg, field=_flag(name))
 
+    def eval_due(self, step: int) -> bool:
+        """Whether validation runs after `step` (every --eval-every steps and after the last)."""
+        return self.eval_every > 0 and (step % self.eval_every == 0 or step == self.steps)
+
     def tolerance(self, precision: str) -> float:
         """--verify's tolerance for a run in `precision` (a `Precision.name`)."""
         return self.verify_tol if self.verify_tol is not None else DEFAULT_VERIFY_TOL[precision]

@@ -22,8 +22,8 @@ from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
-from hetpp.runtime.contract import check_executable, describe
-from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_batch
+from hetpp.runtime.contract import announce, check_executable
+from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_rows
 from hetpp.runtime.devices import pick_device
 from hetpp.runtime.env import DistEnv
 from hetpp.runtime.gradsync import GradSync
@@ -31,7 +31,14 @@ from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
 from hetpp.runtime.guards import check_step
 from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.memory import MemoryProbe
-from hetpp.runtime.metrics import MetricsLog, StepMetrics, pack_step, print_summary, unpack_step
+from hetpp.runtime.metrics import (
+    MetricsLog,
+    StepMetrics,
+    pack_step,
+    print_progress,
+    print_summary,
+    unpack_step,
+)
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import make_optimizer, make_scheduler, scale_grads
 from hetpp.runtime.options import TrainOptions
@@ -164,7 +171,7 @@ class RankTrainer:
         )
         self.source = make_source(opts.data, plan, opts.seed)
         self.offset = pipeline_slices(plan)[role.pipeline][0]
-        self.val = _validation_rows(opts, plan)
+        self.val = validation_rows(opts.data, plan, opts.seed, opts.eval_every, opts.eval_batches)
         self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
         self.where = (
             f"pipeline schedule (pipeline {role.pipeline}, "
@@ -175,7 +182,14 @@ class RankTrainer:
         opts, plan = self.opts, self.plan
         log = MetricsLog(opts.metrics, self.start > 0, opts.tensorboard) if self.rank == 0 else None
         if log is not None:
-            _announce(plan, opts, self.ranks, self.precision, self.start, self.resumed_from)
+            announce(
+                plan,
+                opts.emulate,
+                self.ranks.devices,
+                self.precision.describe(),
+                self.start,
+                self.resumed_from,
+            )
         for step in range(self.start + 1, opts.steps + 1):
             times, loss, norm = self.step(step)
             self.note(f"step {step}: metrics all-reduce over all ranks")
@@ -184,11 +198,11 @@ class RankTrainer:
             packed = pack_step(loss, times, self.rank, self.world)
             vec = torch.tensor(packed, dtype=torch.float64, device=self.device)
             dist.all_reduce(vec)
-            val = self.evaluate(step) if _eval_due(step, opts) else None
+            val = self.evaluate(step) if opts.eval_due(step) else None
             if log is not None:
                 record = unpack_step(step, vec.tolist(), plan.global_batch, plan.seq_len, norm)
                 log.add(dataclasses.replace(record, lr=self.lr, val_loss=val))
-                _progress(log.records[-1], opts.steps)
+                print_progress(log.records[-1], opts.steps)
             check_step(step, vec[0].item(), norm)  # every rank sees the same numbers
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
@@ -315,48 +329,6 @@ class RankTrainer:
         )
         print(report, flush=True)
         return report
-
-
-def _eval_due(step: int, opts: TrainOptions) -> bool:
-    return opts.eval_every > 0 and (step % opts.eval_every == 0 or step == opts.steps)
-
-
-def _validation_rows(opts: TrainOptions, plan: Plan) -> torch.Tensor | None:
-    if opts.eval_every == 0:
-        return None
-    rows = validation_batch(opts.data, plan, opts.seed, opts.eval_batches * plan.global_batch)
-    if rows is None:
-        raise SpecError(
-            "--eval-every needs held-out data: a prepared dataset with a validation split "
-            "(hetpp data prepare) or synthetic data",
-            field="--eval-every",
-        )
-    return rows
-
-
-def _announce(
-    plan: Plan,
-    opts: TrainOptions,
-    ranks: RankMap,
-    precision: Precision,
-    start: int,
-    resumed_from: Path | None,
-) -> None:
-    print("\n".join(describe(plan, precision.describe())), flush=True)
-    if resumed_from is not None:
-        print(f"resumed from {resumed_from} at step {start}", flush=True)
-    if opts.emulate and plan.cluster is not None:
-        factors = ", ".join(f"{d}: x{emulate_slowdown(plan.cluster, d):g}" for d in ranks.devices)
-        print(f"emulating device slowdowns {factors}", flush=True)
-
-
-def _progress(m: StepMetrics, steps: int) -> None:
-    print(
-        f"step {m.step}/{steps}  loss {m.loss:.4f}  {m.step_s * 1e3:.1f} ms  "
-        f"{m.samples_per_s:.1f} samples/s  {m.tokens_per_s:.0f} tokens/s"
-        + ("" if m.val_loss is None else f"  val {m.val_loss:.4f}"),
-        flush=True,
-    )
 
 
 def _root_cause(e: BaseException) -> str:
