@@ -41,17 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetpp.runtime.contract import check_executable
     from hetpp.runtime.launch import launch
     from hetpp.runtime.preflight import check_run
     from hetpp.specs.plan import load_plan
 
     opts = from_args(args)
     plan = load_plan(opts.plan)
-    try:
-        check_executable(plan, opts.fp64)
-    except SpecError as e:
-        raise e.in_file(opts.plan) from None
     # Checked here so a bad input gives one message before any work, not one per rank after it.
     for notice in check_run(opts, plan):
         print(f"hetpp train: {notice}", file=sys.stderr, flush=True)

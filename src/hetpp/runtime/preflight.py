@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from hetpp.runtime.checkpoint_meta import check_files, check_resumable, latest
+from hetpp.runtime.contract import check_executable
 from hetpp.runtime.options import TrainOptions
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import check_output_dir, check_output_file
@@ -34,6 +35,10 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
     if local:
         check_size("ranks on this machine", plan.num_devices, MAX_LOCAL_RANKS, file=opts.plan,
                    field="pipelines")  # fmt: skip
+    try:
+        check_executable(plan, opts.fp64)  # a plan field the runtime cannot honour
+    except SpecError as e:
+        raise e.in_file(opts.plan) from None
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
     if opts.metrics is not None:

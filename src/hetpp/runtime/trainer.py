@@ -22,7 +22,7 @@ from torch.distributed import pipelining
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
-from hetpp.runtime.contract import announce, check_executable
+from hetpp.runtime.contract import announce
 from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_rows
 from hetpp.runtime.devices import pick_device
 from hetpp.runtime.env import DistEnv
@@ -99,7 +99,6 @@ def _resume(
 
 def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> RunResult:
     """Train this rank's part of the plan; collective over all `plan.num_devices` ranks."""
-    check_executable(plan, opts.fp64)
     rank = plan_rank(plan, env.rank, env.world_size)
     if rank is None:
         print(f"hetpp rank {env.rank}: device {env.rank} is not in the plan; exiting", flush=True)
