@@ -15,20 +15,15 @@ from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 
-RUNTIME_SCHEDULES = ("1f1b", "gpipe")
-"""Schedules the runtime runs (torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe)."""
 REDUCE_BYTES = (2, 4)
 """Gradient all-reduce element sizes the runtime has a dtype for (bf16/fp16, fp32)."""
 
 
 def check_executable(plan: Plan, fp64: bool = False) -> None:
-    """Raise SpecError naming the first plan field the runtime cannot execute as written."""
+    """Raise SpecError naming the first plan field the runtime cannot execute as written. The
+    plan's own validation already limits the schedule to the registry (each entry names the torch
+    class the runtime runs) and a stage to one device."""
     train = plan.train
-    if train.schedule not in RUNTIME_SCHEDULES:
-        raise SpecError(
-            f"{train.schedule!r}: the runtime runs {', '.join(RUNTIME_SCHEDULES)}",
-            field="train.schedule",
-        )
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
@@ -40,14 +35,6 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
             f"--fp64 runs an fp32 plan in float64; this plan is {train.precision}",
             field="train.precision",
         )
-    for p, pipe in enumerate(plan.pipelines):
-        for s, st in enumerate(pipe.stages):
-            if len(st.devices) != 1:
-                raise SpecError(
-                    f"{len(st.devices)} devices: the runtime runs one device per stage "
-                    "(no tensor parallelism yet)",
-                    field=f"pipelines[{p}].stages[{s}].devices",
-                )
 
 
 def describe(plan: Plan, precision: str) -> list[str]:
