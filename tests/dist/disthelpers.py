@@ -36,16 +36,22 @@ def cluster(num_devices: int = 8, slow: str | None = None) -> Cluster:
 
 
 def pipeline(
-    devices: list[int], cuts: list[int], mbs: int, m: int, recompute: str = ""
+    devices: list[int],
+    cuts: list[int],
+    mbs: int,
+    m: int,
+    recompute: str = "",
+    schedule: str | None = None,
 ) -> PipelinePlan:
     """A pipeline whose stage i runs on devices[i] with layers [cuts[i], cuts[i+1]); `recompute`
-    marks stage i's flag by its i-th letter (r: on, n: off, -: the plan's default)."""
+    marks stage i's flag by its i-th letter (r: on, n: off, -: the plan's default); `schedule`
+    overrides the plan's."""
     flags = [{"r": True, "n": False}.get(c) for c in recompute.ljust(len(devices), "-")]
     stages = tuple(
         StagePlan(devices=(d,), layers=(a, b), recompute=f)
         for d, a, b, f in zip(devices, cuts[:-1], cuts[1:], flags)
     )
-    return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m)
+    return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m, schedule=schedule)
 
 
 def make_plan(

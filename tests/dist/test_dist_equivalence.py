@@ -78,6 +78,16 @@ CASES = {
         "1f1b",
         {"precision": "bf16", "clip_grad": 0.05, "emulate": True, "slow_gpu": "V100-32GB"},
     ),
+    # One plan, two schedules: pipeline 0 runs GPipe with fewer micro-batches than stages.
+    "llama-2pipes-3+2-gpipe-beside-1f1b": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 2], [0, 2, 4, 6], 2, 2, schedule="gpipe"),
+            pipeline([3, 4], [0, 3, 6], 1, 3),
+        ],
+        "1f1b",
+        {"fp64": True},
+    ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],
@@ -101,7 +111,10 @@ def test_pipelined_matches_single_process(case, tmp_path):
     results = train(plan, tmp_path, steps=3, verify=True, **opts)
     report = results[0].verify
     assert report is not None and all(r.verify is None for r in results[1:])
-    assert report.tolerance == DEFAULT_VERIFY_TOL[plan.train.precision if not opts.get("fp64") else "fp64"]
+    assert (
+        report.tolerance
+        == DEFAULT_VERIFY_TOL[plan.train.precision if not opts.get("fp64") else "fp64"]
+    )
     assert report.max_param_diff <= report.tolerance, report
     assert report.max_loss_diff <= report.tolerance, report
     assert [r.step for r in results[0].records] == [1, 2, 3]

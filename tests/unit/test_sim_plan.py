@@ -131,3 +131,22 @@ def test_realistic_plan_agrees_with_closed_form_and_fits():
     res = simulate_plan(plan, cm)
     assert res.fits and 0 < res.bubble_fraction < 1
     assert all(0 < d.busy_fraction <= 1 for d in res.devices)
+
+
+def test_each_pipeline_runs_its_own_schedule():
+    # Pipeline 1 names GPipe, pipeline 0 keeps the plan's 1F1B: cost model and simulator both
+    # give each its own in-flight count and pipeline time.
+    both = simcases.plan([([(0, HALF), (1, REST)], 4), ([(2, HALF), (3, REST)], 4)])
+    pipes = list(both.pipelines)
+    pipes[1] = pipes[1].model_copy(update={"schedule": "gpipe"})
+    mixed = both.model_copy(update={"pipelines": tuple(pipes)}).validate_plan()
+    gpipe = simcases.plan([([(0, HALF), (1, REST)], 4), ([(2, HALF), (3, REST)], 4)], "gpipe")
+    runs = {name: simulate_plan(p, simcases.cost_model(p)) for name, p in
+            (("1f1b", both), ("mixed", mixed), ("gpipe", gpipe))}  # fmt: skip
+    assert [d.max_in_flight for d in runs["mixed"].devices] == [2, 1, 4, 4]
+    assert runs["mixed"].pipeline_time_s == (
+        runs["1f1b"].pipeline_time_s[0],
+        runs["gpipe"].pipeline_time_s[1],
+    )
+    est = step_cost(mixed, simcases.cost_model(mixed))
+    assert est.pipeline_time_s[1] == step_cost(gpipe, simcases.cost_model(gpipe)).pipeline_time_s[1]

@@ -95,3 +95,37 @@ def test_a_version_1_file_is_upgraded_and_gets_trainspec_defaults(small_cluster,
 def test_the_embedded_trainspec_validates_itself(small_cluster):
     with pytest.raises(ValidationError, match="optimizer_bytes_per_param"):
         make_plan(small_cluster, [pipe([(0, (0, 6))])], optimizer_bytes_per_param=-1)
+
+
+def test_a_pipeline_may_run_its_own_schedule(small_cluster):
+    # GPipe runs fewer micro-batches than stages; the plan's default (1F1B) would refuse it.
+    gpipe = {**pipe([(0, (0, 2)), (1, (2, 4)), (2, (4, 6))], m=2), "schedule": "gpipe"}
+    plan = make_plan(small_cluster, [gpipe, pipe([(3, (0, 6))], m=2)]).validate_plan()
+    assert [p.schedule_in(plan.train).name for p in plan.pipelines] == ["gpipe", "1f1b"]
+    back = Plan.model_validate_json(plan.to_json())
+    assert back.pipelines[0].schedule == "gpipe" and back.pipelines[1].schedule is None
+    with pytest.raises(SpecError, match="1F1B needs"):
+        make_plan(small_cluster, [{**gpipe, "schedule": "1f1b"}]).validate_plan()
+
+
+def test_one_stage_per_device_unless_the_schedule_interleaves(small_cluster):
+    again = pipe([(0, (0, 2)), (1, (2, 4)), (0, (4, 6))])
+    plan = make_plan(small_cluster, [again])
+    assert plan.pipelines[0].devices == [0, 1] and plan.num_devices == 2
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages: 3 stages on 2 devices; sched"):
+        plan.validate_plan()
+
+
+@pytest.mark.parametrize(
+    ("placement", "chunks", "devices"),
+    [("one", 1, [0, 1, 2]), ("loop", 2, [0, 1, 2, 0, 1, 2]), ("v", 2, [0, 1, 2, 2, 1, 0])],
+)
+def test_placement_puts_each_stage_on_its_device(placement, chunks, devices):
+    from dataclasses import replace
+
+    from hetpp.specs.schedule import SCHEDULES
+
+    spec = replace(SCHEDULES["1f1b"], placement=placement)
+    assert spec.allows_chunks(chunks)
+    assert spec.allows_chunks(chunks + 1) == (placement == "loop")
+    assert [spec.device_index(s, 3) for s in range(3 * chunks)] == devices

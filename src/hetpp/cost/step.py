@@ -13,7 +13,6 @@ from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
-from hetpp.specs.schedule import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -103,11 +102,12 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
             p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
         ]
         fwd, bwd, comm = stage_times(costs, bounds, links)
-        total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, train.schedule)
+        schedule = pipe.schedule_in(train)
+        total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name)
         done = backward_done_s(bwd, comm, total)
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
-            k = SCHEDULES[train.schedule].in_flight(s, num, pipe.num_micro_batches)
+            k = schedule.in_flight(s, num, pipe.num_micro_batches)
             mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
             stages.append(
                 StageCost(

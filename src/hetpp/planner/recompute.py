@@ -12,7 +12,6 @@ from __future__ import annotations
 from hetpp.cost.memory import stage_memory
 from hetpp.planner.problem import Problem
 from hetpp.specs.plan import Plan
-from hetpp.specs.schedule import SCHEDULES
 
 
 def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
@@ -20,14 +19,14 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
     if not plan.train.recompute:
         return plan
     cm = problem.cost_model(False)
-    cluster, schedule = problem.cluster, plan.schedule
+    cluster = problem.cluster
     pipelines = []
     for pipe in plan.pipelines:
         stages = []
         for s, st in enumerate(pipe.stages):
             gpu = cluster.gpu(st.device)
             costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
-            k = SCHEDULES[schedule].in_flight(s, len(pipe.stages), pipe.num_micro_batches)
+            k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), pipe.num_micro_batches)
             fits = stage_memory(cm.model, cm.train, costs, *st.layers, k).total <= gpu.memory_bytes
             stages.append(st.model_copy(update={"recompute": False}) if fits else st)
         pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from hetpp.cost.step import cost_model_for_plan, stage_costs
 from hetpp.specs.plan import Plan
-from hetpp.specs.schedule import SCHEDULES
 
 MB = 1e6
 
@@ -37,7 +36,7 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
         else:
             recompute = pipe.stages[st.stage].recomputes(plan.train)
             costs = cm.layer_costs(cm.cluster.gpu(st.device), pipe.micro_batch_size, recompute)
-            k = SCHEDULES[plan.schedule].in_flight(
+            k = pipe.schedule_in(plan.train).in_flight(
                 st.stage, len(pipe.stages), pipe.num_micro_batches
             )
             acts = k * costs.saved(*st.layers)

@@ -47,10 +47,12 @@ def describe(plan: Plan, precision: str) -> list[str]:
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]
+        own = pipe.schedule_in(plan.train).name
         lines.append(
             f"  pipeline {p}: devices {pipe.devices}, layers {spans}, batch {pipe.batch} "
             f"({pipe.num_micro_batches} x {pipe.micro_batch_size}), recompute "
             + (f"stages {again}" if again else "off")
+            + (f", schedule {own}" if own != plan.schedule else "")
         )
     return lines
 

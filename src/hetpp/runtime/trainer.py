@@ -49,7 +49,6 @@ from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
-from hetpp.specs.schedule import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,8 @@ class RankTrainer:
             before_last_backward=self.sync.arm,
         )
         tokens = plan.global_batch * plan.seq_len
-        self.schedule = getattr(pipelining, SCHEDULES[plan.schedule].torch_class)(
+        torch_class = self.pipe.schedule_in(plan.train).torch_class
+        self.schedule = getattr(pipelining, torch_class)(
             self.pstage,
             self.pipe.num_micro_batches,
             loss_fn=lambda out, tgt: scaled_loss(out, tgt, tokens, self.scaler.scale),

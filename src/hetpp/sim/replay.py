@@ -85,7 +85,8 @@ def plan_programs(
         n = len(pipe.stages)
         for s in range(n):
             st = stages[r]
-            actions = stage_actions(cm.train.schedule, s, n, pipe.num_micro_batches, mine[r])
+            schedule = pipe.schedule_in(cm.train).name
+            actions = stage_actions(schedule, s, n, pipe.num_micro_batches, mine[r])
             programs.append(
                 RankProgram(
                     actions=tuple(actions),

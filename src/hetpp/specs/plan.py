@@ -13,7 +13,7 @@ from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
 from hetpp.specs.limits import MAX_DEVICES, check_size
 from hetpp.specs.model import ModelConfig
-from hetpp.specs.schedule import SCHEDULES, Schedule
+from hetpp.specs.schedule import SCHEDULES, Schedule, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 PLAN_VERSION = 2
@@ -58,11 +58,17 @@ class StagePlan(BaseModel):
 
 
 class PipelinePlan(BaseModel):
-    """One data-parallel pipeline with its own shape and batch share."""
+    """One data-parallel pipeline with its own shape, schedule and batch share."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     stages: tuple[StagePlan, ...] = Field(min_length=1)
+    """Stages in pipeline order, each a contiguous layer range. Under a multi-chunk schedule
+    (interleaved, V-shaped) a device runs several stages, placed as the schedule's `placement`
+    says; `devices` lists each device once."""
+    schedule: Schedule | None = None
+    """This pipeline's schedule, a name in `hetpp.specs.schedule.SCHEDULES`; None: the plan's
+    `train.schedule`. Pipelines of one plan may use different schedules."""
     micro_batch_size: PositiveInt
     """Samples per micro-batch."""
     num_micro_batches: PositiveInt
@@ -74,7 +80,17 @@ class PipelinePlan(BaseModel):
 
     @property
     def devices(self) -> list[int]:
-        return [s.device for s in self.stages]
+        """The pipeline's devices in the order of their first stage (each once)."""
+        return list(dict.fromkeys(s.device for s in self.stages))
+
+    @property
+    def chunks(self) -> int:
+        """Stages per device (model chunks; 1 unless the schedule interleaves)."""
+        return len(self.stages) // len(self.devices)
+
+    def schedule_in(self, train: TrainSpec) -> ScheduleSpec:
+        """This pipeline's schedule entry: its own, else the plan's default."""
+        return SCHEDULES[self.schedule or train.schedule]
 
     def stage_of_layer(self, layer: int) -> int:
         return next(i for i, s in enumerate(self.stages) if s.layers[0] <= layer < s.layers[1])
@@ -144,6 +160,7 @@ class Plan(BaseModel):
 
     @property
     def schedule(self) -> Schedule:
+        """The plan's default schedule (a pipeline may name its own: `PipelinePlan.schedule`)."""
         return self.train.schedule
 
     @property
@@ -153,7 +170,7 @@ class Plan(BaseModel):
 
     @property
     def num_devices(self) -> int:
-        return sum(len(p.stages) for p in self.pipelines)
+        return sum(len(p.devices) for p in self.pipelines)
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""
@@ -221,6 +238,15 @@ def _check_pipeline(
                 field=f"{where}.stages[{s}].layers",
             )
         expect = end
+    if expect != plan.layer_list_len:
+        raise SpecError(
+            f"stages end at layer {expect}, expected {plan.layer_list_len} "
+            f"(the model's {plan.model.num_layers} blocks + embedding + head)",
+            field=f"{where}.stages",
+        )
+    spec = pipe.schedule_in(plan.train)
+    _check_placement(pipe, spec, where)
+    for s, st in enumerate(pipe.stages):
         for d in st.devices:
             if cluster is not None and d >= cluster.num_devices:
                 raise SpecError(
@@ -228,18 +254,10 @@ def _check_pipeline(
                     f"0..{cluster.num_devices - 1}",
                     field=f"{where}.stages[{s}].devices",
                 )
-            if d in seen:
+            if seen.setdefault(d, where) != where:
                 raise SpecError(
                     f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
                 )
-            seen[d] = f"{where}.stages[{s}]"
-    if expect != plan.layer_list_len:
-        raise SpecError(
-            f"stages end at layer {expect}, expected {plan.layer_list_len} "
-            f"(the model's {plan.model.num_layers} blocks + embedding + head)",
-            field=f"{where}.stages",
-        )
-    spec = SCHEDULES[plan.schedule]
     least = spec.min_micro_batches(len(pipe.stages))
     if pipe.num_micro_batches < least:
         per = spec.micro_batches_per_stage
@@ -248,6 +266,31 @@ def _check_pipeline(
             f"{'stages' if per == 1 else f'{per} x stages'} ({pipe.num_micro_batches} < {least})",
             field=f"{where}.num_micro_batches",
         )
+
+
+def _check_placement(pipe: PipelinePlan, spec: ScheduleSpec, where: str) -> None:
+    """Every stage on the device the schedule's placement gives it (a device runs several stages
+    only under a multi-chunk schedule, and then at fixed positions)."""
+    devices, stages = pipe.devices, pipe.stages
+    chunks = len(stages) // len(devices)
+    if chunks * len(devices) != len(stages) or not spec.allows_chunks(chunks):
+        raise SpecError(
+            f"{len(stages)} stages on {len(devices)} devices; schedule {spec.name!r} runs "
+            + {
+                "one": "one stage per device",
+                "loop": "the same number of stages on every device",
+                "v": "exactly two stages per device",
+            }[spec.placement],
+            field=f"{where}.stages",
+        )
+    for s, st in enumerate(stages):
+        want = devices[spec.device_index(s, len(devices))]
+        if st.device != want:
+            raise SpecError(
+                f"device {st.device}: schedule {spec.name!r} places stage {s} of this pipeline "
+                f"on device {want} ({spec.placement!r} placement)",
+                field=f"{where}.stages[{s}].devices",
+            )
 
 
 def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:

@@ -15,6 +15,11 @@ from typing import Literal
 Step = tuple[Literal["F", "B"], int]
 """One compute step of a stage: forward or backward of a micro-batch."""
 
+Placement = Literal["one", "loop", "v"]
+"""How a schedule places a pipeline's stages on its devices: "one" stage per device; "loop":
+stage i on device i mod D (interleaved schedules, several chunks per device); "v": two chunks per
+device, stage i on device i going down and on device 2D - 1 - i coming back (ZBV, DualPipeV)."""
+
 
 def gpipe_order(stage: int, num_stages: int, num_micro_batches: int) -> list[Step]:
     """ScheduleGPipe: all forwards, then all backwards in micro-batch order."""
@@ -53,6 +58,20 @@ class ScheduleSpec:
     order: Callable[[int, int, int], list[Step]]
     """`order(stage, num_stages, num_micro_batches)`: the stage's compute steps in order (the
     simulator adds the sends and receives around them)."""
+    placement: Placement = "one"
+    """Where the pipeline's stages run (`Placement`); "one" for single-chunk schedules."""
+
+    def allows_chunks(self, chunks: int) -> bool:
+        """Whether a pipeline may run `chunks` stages per device under this schedule."""
+        return {"one": chunks == 1, "loop": chunks >= 1, "v": chunks == 2}[self.placement]
+
+    def device_index(self, stage: int, num_devices: int) -> int:
+        """Which of the pipeline's devices (0 = first) runs stage `stage`."""
+        if self.placement == "loop":
+            return stage % num_devices
+        if self.placement == "v" and stage >= num_devices:
+            return 2 * num_devices - 1 - stage
+        return stage
 
     def min_micro_batches(self, num_stages: int) -> int:
         """Fewest micro-batches a pipeline of `num_stages` stages may run."""
