@@ -24,6 +24,11 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
     plan's own validation already limits the schedule to the registry (each entry names the torch
     class the runtime runs) and a stage to one device."""
     train = plan.train
+    if plan.sharding != "none":
+        raise SpecError(
+            f"{plan.sharding!r} is not executed by this runtime yet; expected 'none'",
+            field="sharding",
+        )
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
