@@ -147,19 +147,27 @@ def fsdp_step(plan: Plan, cm: CostModel) -> FsdpStep:
     ids = [pipe.stages[0].device for pipe in plan.pipelines]
     gather, scatter = unit_comm_s(model, train, len(ids), group_link(cluster, ids))
     m = plan.pipelines[0].num_micro_batches  # one count for every device (validate_plan)
+    opt_s = {}
+    own: dict[tuple[str, int, bool], tuple[LayerCosts, float, StageMemory]] = {}
     devices = []
-    for pipe in plan.pipelines:
-        st = pipe.stages[0]
-        costs = cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size, st.recomputes(train))
-        own = m * overlapped_s(costs.fwd_s, costs.bwd_s, gather, scatter)
-        opt = optimizer_step_s(
-            sharded_bytes(model, train, len(ids)), cluster.gpu(st.device).mem_bw_bytes_per_s
-        )
-        devices.append(
-            FsdpDevice(st.device, costs, own, fsdp_memory(model, train, costs, len(ids)), opt)
-        )
-    fwd = np.max([d.costs.fwd_s for d in devices], axis=0)
-    bwd = np.max([d.costs.bwd_s for d in devices], axis=0)
+    for pipe in plan.pipelines:  # devices of one type and batch share cost the same: once
+        st, gpu = pipe.stages[0], cluster.gpu(pipe.stages[0].device)
+        key = (gpu.name, pipe.micro_batch_size, st.recomputes(train))
+        if key not in own:
+            costs = cm.layer_costs(gpu, pipe.micro_batch_size, st.recomputes(train))
+            own[key] = (
+                costs,
+                m * overlapped_s(costs.fwd_s, costs.bwd_s, gather, scatter),
+                fsdp_memory(model, train, costs, len(ids)),
+            )
+        if gpu.name not in opt_s:
+            opt_s[gpu.name] = optimizer_step_s(
+                sharded_bytes(model, train, len(ids)), gpu.mem_bw_bytes_per_s
+            )
+        devices.append(FsdpDevice(st.device, *own[key], opt_s[gpu.name]))
+    kinds = [v[0] for v in own.values()]
+    fwd = np.max([c.fwd_s for c in kinds], axis=0)
+    bwd = np.max([c.bwd_s for c in kinds], axis=0)
     lockstep = m * overlapped_s(fwd, bwd, gather, scatter)
     compute = m * float(fwd.sum() + bwd.sum())
     end = lockstep + max(d.optimizer_s for d in devices)
