@@ -161,12 +161,13 @@ def test_full_sharding_needs_one_stage_and_one_count():
         ).validate_plan()
 
 
-def test_simulator_and_runtime_refuse_full_sharding():
+def test_simulator_refuses_full_sharding_and_the_runtime_fp16_with_it():
     from hetpp.runtime.contract import check_executable
     from hetpp.sim.replay import simulate_plan
 
     plan = _plan([2, 2]).validate_plan()
     with pytest.raises(SpecError, match="sharding 'full' is costed by `hetpp estimate` only"):
         simulate_plan(plan, cost_model_for_plan(plan))
-    with pytest.raises(SpecError, match="not executed by this runtime yet"):
-        check_executable(plan)
+    check_executable(plan)  # bf16 runs
+    with pytest.raises(SpecError, match="fp16 .* is not built for sharding 'full'"):
+        check_executable(_plan([2, 2], precision="fp16").validate_plan())

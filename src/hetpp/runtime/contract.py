@@ -24,10 +24,15 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
     plan's own validation already limits the schedule to the registry (each entry names the torch
     class the runtime runs) and a stage to one device."""
     train = plan.train
-    if plan.sharding != "none":
+    if plan.sharding == "optimizer":
         raise SpecError(
-            f"{plan.sharding!r} is not executed by this runtime yet; expected 'none'",
+            "'optimizer' (ZeRO-1) is not executed by this runtime; expected 'none' or 'full'",
             field="sharding",
+        )
+    if plan.sharding == "full" and train.precision == "fp16":
+        raise SpecError(
+            "fp16 (dynamic loss scaling) is not built for sharding 'full'; use bf16 or fp32",
+            field="train.precision",
         )
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(

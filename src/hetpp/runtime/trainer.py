@@ -114,12 +114,22 @@ def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> Run
         world_size=env.world_size,
         timeout=timedelta(seconds=opts.timeout_s),
     )
-    result = RankTrainer(plan, opts, env, activity, device).train()
+    result = _trainer(plan)(plan, opts, env, activity, device).train()
     # Only after success: tearing down a group whose peer is gone can hang, and a failed rank
     # exits without it (see `main`).
     activity("leaving the process group")
     dist.destroy_process_group()
     return result
+
+
+def _trainer(plan: Plan) -> type:
+    """The pipelined trainer, or for a fully sharded plan the FSDP one (`runtime/fsdp.py`,
+    imported here because it imports `RunResult` from this module)."""
+    if plan.sharding == "full":
+        from hetpp.runtime.fsdp import FsdpTrainer
+
+        return FsdpTrainer
+    return RankTrainer
 
 
 class RankTrainer:
