@@ -169,5 +169,5 @@ def test_simulator_refuses_full_sharding_and_the_runtime_fp16_with_it():
     with pytest.raises(SpecError, match="sharding 'full' is costed by `hetpp estimate` only"):
         simulate_plan(plan, cost_model_for_plan(plan))
     check_executable(plan)  # bf16 runs
-    with pytest.raises(SpecError, match="fp16 .* is not built for sharding 'full'"):
+    with pytest.raises(SpecError, match=r"fp16 .* is not built for sharding 'full'"):
         check_executable(_plan([2, 2], precision="fp16").validate_plan())

@@ -54,6 +54,10 @@ def describe(plan: Plan, precision: str) -> list[str]:
         f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, schedule {plan.schedule}",
         f"  precision {precision}",
     ]
+    if plan.sharding == "full":
+        lines.append(
+            f"  sharding full: FSDP2 over all {plan.num_devices} ranks, per-rank batch shares"
+        )
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]

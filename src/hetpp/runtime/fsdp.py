@@ -73,6 +73,7 @@ def shard(model: StageModule, world: int, device: torch.device, precision: Preci
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
 
 
 def full_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -87,6 +88,19 @@ def full_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict
 
 def _full(t):
     return t.full_tensor().cpu() if isinstance(t, DTensor) else t.cpu() if torch.is_tensor(t) else t
+
+
+def describe(precision: Precision) -> str:
+    """How this precision runs under FSDP2, for rank 0's start-up lines."""
+    reduce = str(precision.reduce_dtype).removeprefix("torch.")
+    master = str(precision.param_dtype).removeprefix("torch.")
+    if precision.compute_dtype is None:
+        return f"{precision.name}: sharded {master} parameters, {reduce} reduce-scatters"
+    half = str(precision.compute_dtype).removeprefix("torch.")
+    return (
+        f"{precision.name}: FSDP2 MixedPrecisionPolicy, {half} gathered parameters and "
+        f"compute, sharded {master} master weights, {reduce} reduce-scatters"
+    )
 
 
 def _check_supported(opts: TrainOptions) -> None:
@@ -154,7 +168,7 @@ class FsdpTrainer:
         opts, plan = self.opts, self.plan
         log = MetricsLog(opts.metrics, self.start > 0, opts.tensorboard) if self.rank == 0 else None
         if log is not None:
-            announce(plan, False, self.ranks.devices, self.precision.describe(), self.start,
+            announce(plan, False, self.ranks.devices, describe(self.precision), self.start,
                      self.resumed_from)  # fmt: skip
         for step in range(self.start + 1, opts.steps + 1):
             times, loss, norm = self.step(step)
