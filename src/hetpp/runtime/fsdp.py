@@ -23,7 +23,6 @@ loads the full state into every rank before sharding it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -35,26 +34,17 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
-from hetpp.runtime.contract import announce
 from hetpp.runtime.data import batch, make_source, pipeline_slices, validation_rows
 from hetpp.runtime.env import DistEnv
 from hetpp.runtime.groups import RankMap
-from hetpp.runtime.guards import check_step
 from hetpp.runtime.hf_weights import load_stage
-from hetpp.runtime.metrics import (
-    MetricsLog,
-    pack_step,
-    print_progress,
-    print_summary,
-    unpack_step,
-)
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import clip_coefficient, make_optimizer, make_scheduler, scale_grads
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import Precision, scaled_loss
 from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, train_reference
-from hetpp.runtime.trainer import RunResult
+from hetpp.runtime.trainer import RankTrainer
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 
@@ -110,8 +100,10 @@ def _check_supported(opts: TrainOptions) -> None:
             raise SpecError(f"{flag} is not built for sharding 'full'", field="sharding")
 
 
-class FsdpTrainer:
-    """This rank's sharded model, optimizer and batch share, and the step loop."""
+class FsdpTrainer(RankTrainer):
+    """This rank's sharded model, optimizer and batch share; the step loop is `RankTrainer`'s
+    (metrics, validation, guards, checkpoints, --verify), the step, evaluation, checkpoint and
+    verification are this module's."""
 
     def __init__(self, plan: Plan, opts: TrainOptions, env: DistEnv, note, device: torch.device):
         self.plan, self.opts, self.rank, self.note = plan, opts, env.rank, note
@@ -138,6 +130,7 @@ class FsdpTrainer:
         self.offset = pipeline_slices(plan)[role.pipeline][0]
         self.val = validation_rows(opts.data, plan, opts.seed, opts.eval_every, opts.eval_batches)
         self.lr = opts.lr
+        self.probe = None  # --memory-report is refused above
 
     def _resume(self, model: StageModule):
         """Load the newest checkpoint into the unsharded model (every rank reads it whole)."""
@@ -164,32 +157,8 @@ class FsdpTrainer:
                     for k, v in loaded[name].items()
                 }
 
-    def train(self) -> RunResult:
-        opts, plan = self.opts, self.plan
-        log = MetricsLog(opts.metrics, self.start > 0, opts.tensorboard) if self.rank == 0 else None
-        if log is not None:
-            announce(plan, False, self.ranks.devices, describe(self.precision), self.start,
-                     self.resumed_from)  # fmt: skip
-        for step in range(self.start + 1, opts.steps + 1):
-            times, loss, norm = self.step(step)
-            vec = torch.tensor(pack_step(loss, times, self.rank, self.world), dtype=torch.float64)
-            dist.all_reduce(vec)
-            val = self.evaluate(step) if opts.eval_due(step) else None
-            if log is not None:
-                record = unpack_step(step, vec.tolist(), plan.global_batch, plan.seq_len, norm)
-                log.add(dataclasses.replace(record, lr=self.lr, val_loss=val))
-                print_progress(log.records[-1], opts.steps)
-            check_step(step, vec[0].item(), norm)
-            every = opts.checkpoint_every
-            if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
-                self.save_checkpoint(step)
-        records = log.records if log is not None else []
-        if log is not None:
-            log.close()
-            if records:
-                print_summary(records, list(self.ranks.devices))
-        report = self.verify(records) if opts.verify else None
-        return RunResult(records, report)
+    def describe_precision(self) -> str:
+        return describe(self.precision)
 
     def step(self, step: int) -> tuple[list[float], float, float]:
         """One optimizer step: ([compute, wait, comm, total] seconds: the forward/backward with
@@ -265,13 +234,7 @@ class FsdpTrainer:
     def save_checkpoint(self, step: int) -> None:
         self.note(f"step {step}: gathering and writing the checkpoint")
         got = self._full_model()
-        meta = checkpoint.CheckpointMeta(
-            step=step,
-            samples=self.samples,
-            seed=self.opts.seed,
-            optimizer=self.opts.optimizer,
-            model=self.plan.model.model_dump(mode="json"),
-        )
+        meta = self.checkpoint_meta(step)
         stage, opt = got if got is not None else (self.model, self.opt)
         writes = list(range(self.plan.layer_list_len)) if got is not None else []
         checkpoint.save(self.opts.checkpoint_dir, meta, stage, opt, writes, self.rank, dist.barrier)
