@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hetpp.cli.main import main
 from hetpp.profile.table import ProfileRow, ProfileTable
 from hetpp.specs import load_plan
@@ -29,7 +31,7 @@ def _cluster(tmp_path: Path) -> str:
 
 def test_plan_writes_a_self_contained_plan_and_prints_it(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-350m"]
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-350m", "--strategy", "hpp"]
     assert main([*args, "--global-batch", "32", "--seq-len", "1024", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "hpp plan: gpt3-350m" in text and "samples/s" in text and "search" in text
@@ -37,6 +39,21 @@ def test_plan_writes_a_self_contained_plan_and_prints_it(tmp_path, capsys):
     assert plan.strategy == "hpp" and plan.model.name == "gpt3-350m"
     assert plan.cluster.name == "two-types" and plan.seq_len == 1024
     assert plan.grad_blocks and plan.estimate.iteration_time_s > 0
+
+
+def test_default_plan_is_the_fastest_family(tmp_path, capsys):
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-350m", "--global-batch"]
+    args += ["32", "--seq-len", "1024", "--json", "--out", str(tmp_path / "p.json")]
+    got = {}
+    for strategy in ("best", "hpp", "fsdp"):
+        assert main([*args, "--strategy", strategy]) == 0
+        got[strategy] = json.loads(capsys.readouterr().out)
+    assert main(args) == 0  # the default is best
+    default = json.loads(capsys.readouterr().out)
+    assert default["strategy"] == got["best"]["strategy"]
+    fastest = max(got["hpp"], got["fsdp"], key=lambda e: e["throughput_samples_per_s"])
+    assert default["strategy"] == fastest["strategy"]
+    assert default["throughput_samples_per_s"] == pytest.approx(fastest["throughput_samples_per_s"])
 
 
 def test_plan_json_baseline_strategy_and_options(tmp_path, capsys):
@@ -87,7 +104,9 @@ def test_compare_json_and_plot(tmp_path, capsys):
     assert main([*args, "--global-batch", "16", "--json", "--plot", str(png)]) == 0
     entries = json.loads(capsys.readouterr().out)
     names = [e["strategy"] for e in entries]
-    assert sorted(names) == sorted(["uniform", "layer-balanced", "data-balanced", "hpp", "oracle"])
+    assert sorted(names) == sorted(
+        ["uniform", "layer-balanced", "data-balanced", "hpp", "fsdp", "oracle"]
+    )
     for e in entries:
         assert {"strategy", "feasible", "iteration_time_s", "throughput_samples_per_s"} <= set(e)
         assert "search_time_s" in e and "plan" in e
@@ -96,7 +115,7 @@ def test_compare_json_and_plot(tmp_path, capsys):
     assert by["hpp"]["throughput_samples_per_s"] >= max(
         e["throughput_samples_per_s"]
         for e in entries
-        if e["feasible"] and e["strategy"] != "oracle"
+        if e["feasible"] and e["strategy"] not in ("oracle", "fsdp")
     )
     assert png.stat().st_size > 1000
     assert main([*args, "--global-batch", "16"]) == 0
@@ -121,6 +140,7 @@ def test_bench_quick_mode_runs(tmp_path):
 def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys):
     args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-350m", "--global-batch"]
     args += ["32", "--seq-len", "1024", "--json", "--out", str(tmp_path / "p.json")]
+    args += ["--strategy", "hpp"]
     assert main([*args, "--time-limit", "1e-9"]) == 0  # stops once the first plan is found
     cut = json.loads(capsys.readouterr().out)
     assert cut["feasible"] and cut["note"].startswith("time limit of 1e-09 s reached")
@@ -128,7 +148,7 @@ def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys
     full = json.loads(capsys.readouterr().out)
     assert "time limit" not in full["note"]
     assert full["iteration_time_s"] <= cut["iteration_time_s"]
-    assert main([*args, "--time-limit", "5", "--strategy", "uniform"]) == 2
+    assert main([*args[:-2], "--time-limit", "5", "--strategy", "uniform"]) == 2
     assert "hpp search only" in capsys.readouterr().err
     assert main([*args, "--time-limit", "0"]) == 2  # main returns argparse's exit code
     assert "--time-limit: expected a finite number > 0" in capsys.readouterr().err

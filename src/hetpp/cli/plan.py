@@ -12,7 +12,7 @@ from hetpp.cli._options import (
     problem_from,
     search_progress,
 )
-from hetpp.planner import STRATEGIES, Problem, plan, unused_devices
+from hetpp.planner import BEST, FAMILIES, STRATEGIES, Problem, plan, unused_devices
 from hetpp.planner.assemble import PlanResult
 from hetpp.planner.feasibility import explain_infeasible
 from hetpp.report.launch import launch_commands
@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_problem_arguments(p)
     p.add_argument(
         "--strategy",
-        choices=STRATEGIES,
-        default="hpp",
-        help="hpp (default), a baseline, or the exhaustive oracle (small clusters only)",
+        choices=[BEST, *STRATEGIES],
+        default=BEST,
+        help=f"{BEST} (default: the fastest of {', '.join(FAMILIES)}), one family, a baseline, "
+        "or the exhaustive oracle (small clusters only)",
     )
     add_time_limit_argument(p)
     p.add_argument("--out", default="plan.json", help="plan file to write (default plan.json)")

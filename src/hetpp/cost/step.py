@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
 from hetpp.cost.compute import CostModel
+from hetpp.cost.fsdp import FsdpStep, fsdp_step
 from hetpp.cost.memory import StageMemory, stage_memory
 from hetpp.cost.params import tied_copy_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
@@ -89,7 +90,10 @@ def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
 
 
 def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]]:
-    """Per-stage costs of every pipeline, and each pipeline's time."""
+    """Per-stage costs of every pipeline, and each pipeline's time (a fully sharded plan:
+    each device's own time, `cost.fsdp`)."""
+    if plan.sharding == "full":
+        return _fsdp_stages(fsdp_step(plan, cm))
     cluster, train = cm.cluster, cm.train
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
@@ -126,6 +130,28 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
             )
         times.append(total)
     return stages, times
+
+
+def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
+    """An FSDP device as a one-stage pipeline: per micro-batch compute at its own speed, done
+    when the lock-step forward and backward end."""
+    stages = [
+        StageCost(
+            p,
+            0,
+            d.device,
+            d.costs.gpu.name,
+            (0, len(d.costs.fwd_s)),
+            float(d.costs.fwd_s.sum()),
+            float(d.costs.bwd_s.sum()),
+            0.0,
+            d.memory,
+            d.costs.gpu.memory_bytes,
+            step.lockstep_s,
+        )
+        for p, d in enumerate(step.devices)
+    ]
+    return stages, [d.own_s for d in step.devices]
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
@@ -167,6 +193,19 @@ def _tied_holders(plan: Plan, cm: CostModel) -> tuple[int, ...]:
 
 def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     """Full cost of one step of `plan`."""
+    if plan.sharding == "full":  # the reduce-scatters run inside the backward: no buckets
+        fsdp = fsdp_step(plan, cm)
+        stages, times = _fsdp_stages(fsdp)
+        opt = max(d.optimizer_s for d in fsdp.devices)
+        return StepCost(
+            tuple(stages),
+            tuple(times),
+            (),
+            fsdp.exposed_comm_s,
+            opt,
+            fsdp.iteration_time_s,
+            plan.global_batch,
+        )
     stages, times = stage_costs(plan, cm)
     buckets = sync_buckets(plan, cm, stages)
     end = {s.device: s.done_s for s in stages}

@@ -10,9 +10,11 @@ ids), `assemble` (plans and their cost), `search` (hpp), `baselines`, `oracle`, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from hetpp.planner.assemble import PlanResult, unused_devices
 from hetpp.planner.baselines import BASELINES
+from hetpp.planner.fsdp import search_fsdp
 from hetpp.planner.oracle import search_oracle
 from hetpp.planner.problem import Problem, physical_limit_samples_per_s
 from hetpp.planner.search import Progress, search_hpp
@@ -28,10 +30,27 @@ def _without_progress(run: Callable[[Problem], PlanResult]) -> Strategy:
 STRATEGIES: dict[str, Strategy] = {
     **{name: _without_progress(run) for name, run in BASELINES.items()},
     "hpp": search_hpp,
+    "fsdp": _without_progress(search_fsdp),
     "oracle": _without_progress(search_oracle),
 }
-"""Every strategy by name, in the order comparisons show them: the baselines, hpp, the oracle
-(exhaustive over hpp's space, small clusters only)."""
+"""Every strategy by name, in the order comparisons show them: the baselines, hpp, fsdp (the
+fully sharded family), the oracle (exhaustive over hpp's space, small clusters only)."""
+
+FAMILIES = ("hpp", "fsdp")
+"""The plan families `best` (the default of `hetpp plan`) runs, keeping the fastest plan."""
+BEST = "best"
+
+
+def search_best(
+    problem: Problem, progress: Progress | None = None, time_limit_s: float | None = None
+) -> PlanResult:
+    """Every family (`FAMILIES`); the fastest plan, its search time the families' total. A time
+    limit applies to hpp's search."""
+    results = [search_hpp(problem, progress, time_limit_s)]
+    results += [STRATEGIES[name](problem, None) for name in FAMILIES if name != "hpp"]
+    feasible = [r for r in results if r.feasible]
+    best = min(feasible, key=lambda r: r.iteration_time_s) if feasible else results[0]
+    return replace(best, search_time_s=sum(r.search_time_s for r in results))
 
 
 def plan(
@@ -40,10 +59,14 @@ def plan(
     progress: Progress | None = None,
     time_limit_s: float | None = None,
 ) -> PlanResult:
-    """Run one strategy on a problem; `time_limit_s` (hpp only) returns the best plan found by
-    then."""
+    """Run one strategy (or `best`: every family) on a problem; `time_limit_s` (hpp and best)
+    returns the best plan found by then."""
+    if strategy == BEST:
+        return search_best(problem, progress, time_limit_s)
     if strategy not in STRATEGIES:
-        raise SpecError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        raise SpecError(
+            f"unknown strategy {strategy!r}; expected one of {BEST}, {', '.join(STRATEGIES)}"
+        )
     if time_limit_s is not None:
         if strategy != "hpp":
             raise SpecError(
@@ -56,6 +79,8 @@ def plan(
 
 __all__ = [
     "BASELINES",
+    "BEST",
+    "FAMILIES",
     "STRATEGIES",
     "PlanResult",
     "Problem",

@@ -60,6 +60,11 @@ def print_plan(problem: Problem, result: PlanResult, console: Console | None = N
         f"throughput {step.throughput_samples_per_s:.2f} samples/s, "
         f"{recompute_summary(plan)}, search {result.search_time_s:.2f} s"
     )
+    if plan.sharding == "full":
+        console.print(
+            f"sharding full: FSDP over all {plan.num_devices} devices (pipelines: the slowest "
+            "device at its own speed; exposed sync: the FSDP communication prefetch leaves)"
+        )
     if unused:
         console.print(f"unused devices: {_ranges(unused)}")
     if result.note:

@@ -24,6 +24,16 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
     plan's own validation already limits the schedule to the registry (each entry names the torch
     class the runtime runs) and a stage to one device."""
     train = plan.train
+    if plan.sharding == "optimizer":
+        raise SpecError(
+            "'optimizer' (ZeRO-1) is not executed by this runtime; expected 'none' or 'full'",
+            field="sharding",
+        )
+    if plan.sharding == "full" and train.precision == "fp16":
+        raise SpecError(
+            "fp16 (dynamic loss scaling) is not built for sharding 'full'; use bf16 or fp32",
+            field="train.precision",
+        )
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
@@ -44,6 +54,10 @@ def describe(plan: Plan, precision: str) -> list[str]:
         f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, schedule {plan.schedule}",
         f"  precision {precision}",
     ]
+    if plan.sharding == "full":
+        lines.append(
+            f"  sharding full: FSDP2 over all {plan.num_devices} ranks, per-rank batch shares"
+        )
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]

@@ -113,12 +113,22 @@ def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> Run
         world_size=env.world_size,
         timeout=timedelta(seconds=opts.timeout_s),
     )
-    result = RankTrainer(plan, opts, env, activity, device).train()
+    result = _trainer(plan)(plan, opts, env, activity, device).train()
     # Only after success: tearing down a group whose peer is gone can hang, and a failed rank
     # exits without it (see `main`).
     activity("leaving the process group")
     dist.destroy_process_group()
     return result
+
+
+def _trainer(plan: Plan) -> type:
+    """The pipelined trainer, or for a fully sharded plan the FSDP one (`runtime/fsdp.py`,
+    imported here because it builds on `RankTrainer`)."""
+    if plan.sharding == "full":
+        from hetpp.runtime.fsdp import FsdpTrainer
+
+        return FsdpTrainer
+    return RankTrainer
 
 
 class RankTrainer:
@@ -185,7 +195,7 @@ class RankTrainer:
                 plan,
                 opts.emulate,
                 self.ranks.devices,
-                self.precision.describe(),
+                self.describe_precision(),
                 self.start,
                 self.resumed_from,
             )
@@ -219,6 +229,10 @@ class RankTrainer:
             self.note("gathering parameters for --verify")
             report = self.verify(records)
         return RunResult(records, report)
+
+    def describe_precision(self) -> str:
+        """How the precision runs, for rank 0's start-up lines."""
+        return self.precision.describe()
 
     def step(self, step: int) -> tuple[list[float], float, float | None]:
         """One optimizer step: ([compute, wait, comm, total] seconds, this rank's loss share,
@@ -300,15 +314,19 @@ class RankTrainer:
         dist.all_reduce(total)
         return total.item() / self.opts.eval_batches
 
-    def save_checkpoint(self, step: int) -> None:
-        self.note(f"step {step}: writing the checkpoint")
-        meta = checkpoint.CheckpointMeta(
+    def checkpoint_meta(self, step: int) -> checkpoint.CheckpointMeta:
+        """What a checkpoint of this step records beside the layers."""
+        return checkpoint.CheckpointMeta(
             step=step,
             samples=self.samples,
             seed=self.opts.seed,
             optimizer=self.opts.optimizer,
             model=self.plan.model.model_dump(mode="json"),
         )
+
+    def save_checkpoint(self, step: int) -> None:
+        self.note(f"step {step}: writing the checkpoint")
+        meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
         writes = list(range(*self.role.layers)) if self.role.pipeline == 0 else []
         checkpoint.save(

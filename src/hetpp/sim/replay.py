@@ -18,6 +18,7 @@ from hetpp.sim.engine import Collective, RankProgram, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
 from hetpp.sim.schedule import stage_actions
 from hetpp.sim.trace import Kind, Trace
+from hetpp.specs.errors import SpecError
 from hetpp.specs.limits import MAX_SIM_ACTIONS, check_size
 from hetpp.specs.plan import Plan
 
@@ -106,6 +107,12 @@ def plan_programs(
 
 def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     """Simulate one training step of `plan` event by event."""
+    if plan.sharding != "none":
+        raise SpecError(
+            f"the simulator replays pipelines with all-reduced gradient blocks; sharding "
+            f"{plan.sharding!r} is costed by `hetpp estimate` only",
+            field="sharding",
+        )
     actions = sum(2 * len(p.stages) * p.num_micro_batches for p in plan.pipelines)
     check_size("forward and backward actions", actions, MAX_SIM_ACTIONS, field="pipelines")
     stages, _ = stage_costs(plan, cm)

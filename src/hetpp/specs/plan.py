@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -137,6 +137,15 @@ class Plan(BaseModel):
     """The cluster the plan was made for; needed for estimates and simulation."""
     strategy: str = "manual"
     """Which planner strategy produced this plan."""
+    sharding: Literal["none", "optimizer", "full"] = "none"
+    """How model state is shared out. `none`: every pipeline keeps a full replica and gradient
+    blocks are all-reduced over their owners. `full`: heterogeneous FSDP (FSDP2
+    `fully_shard`) over all the plan's devices: every pipeline is one device holding the whole
+    layer list, trains on its own batch share (its own micro-batch size; one micro-batch count
+    for all, since every micro-batch gathers each unit on every rank), and parameters, gradients
+    and optimizer state are sharded 1/N over the N devices (the one gradient block, all layers
+    owned by every device, is reduce-scattered per FSDP unit). `optimizer` (ZeRO-1 over block
+    owners) is not built on this branch."""
 
     @model_validator(mode="before")
     @classmethod
@@ -196,6 +205,8 @@ class Plan(BaseModel):
         seen: dict[int, str] = {}
         for p, pipe in enumerate(self.pipelines):
             _check_pipeline(self, p, pipe, cluster, seen)
+        if self.sharding == "full":
+            _check_fully_sharded(self)
         total = sum(p.batch for p in self.pipelines)
         if total != self.global_batch:
             raise SpecError(
@@ -291,6 +302,25 @@ def _check_placement(pipe: PipelinePlan, spec: ScheduleSpec, where: str) -> None
                 f"on device {want} ({spec.placement!r} placement)",
                 field=f"{where}.stages[{s}].devices",
             )
+
+
+def _check_fully_sharded(plan: Plan) -> None:
+    """FSDP: each device runs the whole model, every rank the same number of micro-batches (each
+    micro-batch's forward and backward gather every unit on every rank)."""
+    for p, pipe in enumerate(plan.pipelines):
+        if len(pipe.stages) != 1:
+            raise SpecError(
+                f"sharding 'full' needs every pipeline to be one stage holding the whole layer "
+                f"list; pipelines[{p}] has {len(pipe.stages)} stages",
+                field="sharding",
+            )
+    counts = sorted({pipe.num_micro_batches for pipe in plan.pipelines})
+    if len(counts) > 1:
+        raise SpecError(
+            f"sharding 'full' needs one num_micro_batches for every pipeline (found {counts}); "
+            "share the batch out by micro_batch_size",
+            field="pipelines",
+        )
 
 
 def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:

@@ -1,0 +1,116 @@
+"""The FSDP family: every device trains the whole model on its own batch share, with parameters,
+gradients and optimizer state sharded over the devices used (`cost.fsdp`, `sharding: full`).
+
+Search: which GPU types take part (every subset on clusters of few types, else the fastest k
+types), recomputation, the micro-batch count m (a divisor of the global batch, one for every
+device: each micro-batch gathers every unit on every rank) and each device's micro-batch size
+(integers summing to B/m, at most the largest of the problem's micro-batch sizes and what the
+device's memory holds). Sizes go by speed: one sample at a time to the device whose micro-batch
+would end first with it (the min-max allocation for times monotone in the size). Every
+candidate is ranked by the full step cost (`cost.step.step_cost`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Sequence
+
+from hetpp.cost.compute import CostModel
+from hetpp.cost.fsdp import fsdp_memory
+from hetpp.cost.step import StepCost
+from hetpp.planner.assemble import PlanResult, evaluate
+from hetpp.planner.problem import Problem, TypePool
+from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+
+ALL_SUBSETS = 4
+"""Clusters of at most this many GPU types try every subset of them; larger ones the fastest k."""
+
+
+def search_fsdp(problem: Problem) -> PlanResult:
+    """The fastest fully sharded plan, or why there is none."""
+    t0 = time.perf_counter()
+    best: tuple[Plan, StepCost] | None = None
+    for pools in _type_sets(problem):
+        ids = sorted(d for pool in pools for node in pool.nodes for d in node)
+        for rc in problem.recompute_options():
+            cm = problem.cost_model(rc)
+            caps = {p.key: _size_cap(problem, cm, p, len(ids)) for p in pools}
+            for m in _micro_batch_counts(problem.global_batch, len(ids)):
+                sizes = _shares(cm, problem, ids, problem.global_batch // m, caps)
+                if sizes is None:
+                    continue
+                plan = _plan(problem, rc, ids, sizes, m)
+                step = evaluate(problem, plan)
+                if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
+                    best = (plan, step)
+    elapsed = time.perf_counter() - t0
+    if best is None:
+        return PlanResult("fsdp", None, None, elapsed, "no fully sharded plan fits")
+    return PlanResult("fsdp", best[0], best[1], elapsed)
+
+
+def _type_sets(problem: Problem) -> list[list[TypePool]]:
+    """GPU type subsets to try: all of them for few types, else the fastest 1..T types."""
+    pools = list(problem.pools.values())
+    if len(pools) <= ALL_SUBSETS:
+        return [list(c) for k in range(1, len(pools) + 1) for c in itertools.combinations(pools, k)]
+    cm = problem.cost_model(False)
+    pools.sort(key=lambda p: _sample_s(cm, p, 1))
+    return [pools[:k] for k in range(1, len(pools) + 1)]
+
+
+def _sample_s(cm: CostModel, pool: TypePool, size: int) -> float:
+    """One micro-batch of `size` samples through the whole model, forward and backward."""
+    c = cm.layer_costs(pool.gpu, size)
+    return float(c.fwd_cum[-1] + c.bwd_cum[-1])
+
+
+def _size_cap(problem: Problem, cm: CostModel, pool: TypePool, num_ranks: int) -> int:
+    """Largest micro-batch size a device of `pool` holds among N sharding ranks (0: none)."""
+    cap = 0
+    for size in range(1, max(problem.micro_batch_sizes) + 1):
+        costs = cm.layer_costs(pool.gpu, size)
+        if fsdp_memory(cm.model, cm.train, costs, num_ranks).total > pool.gpu.memory_bytes:
+            break
+        cap = size
+    return cap
+
+
+def _micro_batch_counts(global_batch: int, num_devices: int) -> list[int]:
+    """Counts m dividing the batch that leave every device at least one sample per micro-batch."""
+    return [m for m in range(1, global_batch // num_devices + 1) if global_batch % m == 0]
+
+
+def _shares(
+    cm: CostModel, problem: Problem, ids: Sequence[int], samples: int, caps: dict[str, int]
+) -> list[int] | None:
+    """Micro-batch size per device (summing to `samples`), greedy by the time each would take
+    with one sample more; None if the devices cannot hold them."""
+    keys = [problem.cluster.gpu(d).name.lower() for d in ids]
+    if any(caps[k] == 0 for k in keys) or sum(caps[k] for k in keys) < samples:
+        return None
+    sizes = [1] * len(ids)
+    pools = problem.pools
+    heap = [(_sample_s(cm, pools[k], 2), i) for i, k in enumerate(keys) if caps[k] > 1]
+    heapq.heapify(heap)
+    for _ in range(samples - len(ids)):
+        _, i = heapq.heappop(heap)
+        sizes[i] += 1
+        if sizes[i] < caps[keys[i]]:
+            heapq.heappush(heap, (_sample_s(cm, pools[keys[i]], sizes[i] + 1), i))
+    return sizes
+
+
+def _plan(problem: Problem, rc: bool, ids: Sequence[int], sizes: Sequence[int], m: int) -> Plan:
+    whole = (0, problem.layer_list_len)
+    pipelines = tuple(
+        PipelinePlan(
+            stages=(StagePlan(devices=(d,), layers=whole),),
+            micro_batch_size=b,
+            num_micro_batches=m,
+        )
+        for d, b in zip(ids, sizes)
+    )
+    return Plan(pipelines=pipelines, strategy="fsdp", sharding="full", **problem.plan_fields(rc))
