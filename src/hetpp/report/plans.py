@@ -60,6 +60,11 @@ def print_plan(problem: Problem, result: PlanResult, console: Console | None = N
         f"throughput {step.throughput_samples_per_s:.2f} samples/s, "
         f"{recompute_summary(plan)}, search {result.search_time_s:.2f} s"
     )
+    if plan.optimizer_shards > 1:
+        console.print(
+            f"optimizer sharding: each bucket's optimizer state split over its "
+            f"{plan.optimizer_shards} owners (reduce-scatter, step, all-gather)"
+        )
     if unused:
         console.print(f"unused devices: {_ranges(unused)}")
     if result.note:

@@ -30,6 +30,11 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
             "or 4 (fp32) bytes",
             field="train.grad_bytes_per_param",
         )
+    if plan.optimizer_shards > 1:
+        raise SpecError(
+            "optimizer: the runtime does not shard optimizer state yet; plan with --sharding none",
+            field="sharding",
+        )
     if fp64 and train.precision != "fp32":
         raise SpecError(
             f"--fp64 runs an fp32 plan in float64; this plan is {train.precision}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -30,6 +30,7 @@ V1_TRAIN_FIELDS = (
     "reserve_gb",
 )
 """The TrainSpec fields a version 1 plan kept at its top level."""
+Sharding = Literal["none", "optimizer"]
 
 
 class StagePlan(BaseModel):
@@ -121,6 +122,14 @@ class Plan(BaseModel):
     """The cluster the plan was made for; needed for estimates and simulation."""
     strategy: str = "manual"
     """Which planner strategy produced this plan."""
+    sharding: Sharding = "none"
+    """How each gradient bucket's owners (`grad_buckets`, one device per pipeline) share it.
+    "none": the bucket is all-reduced and every owner steps the optimizer on all of it.
+    "optimizer" (ZeRO-1 over block owners): the bucket is reduce-scattered over its P owners,
+    each owner steps the optimizer on its 1/P shard (fp32 master weights and Adam state only for
+    that shard: `optimizer_bytes_per_param` drops from 12 to 12/P per parameter) and the owners
+    all-gather the updated parameters. Buckets with one owner are unchanged; the tied
+    embedding/head weight stays replicated (its own all-reduce)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -154,6 +163,12 @@ class Plan(BaseModel):
     @property
     def num_devices(self) -> int:
         return sum(len(p.stages) for p in self.pipelines)
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Owners sharing each bucket's optimizer state: one per pipeline with sharding, else 1
+        (every block has one owner per pipeline)."""
+        return len(self.pipelines) if self.sharding == "optimizer" else 1
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""
