@@ -171,7 +171,7 @@ def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -
     return allreduce_time_s(nbytes, ranks, link)
 
 
-def _gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
+def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
     """Sharded plans: each bucket's all-gather of its updated parameters (weights' dtype),
     as (owners, blocks, bytes, seconds); buckets with one owner need none."""
     if plan.optimizer_shards == 1:
@@ -208,7 +208,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     opt = {s.device: optimizer_time_s(cm, s, plan.optimizer_shards) for s in stages}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
-    order = _gathers(plan, cm)
+    order = gathers(plan, cm)
     gathered, done = finish_step(end, pipe_end, opt, [(o, sec) for o, _, _, sec in order])
     return StepCost(
         tuple(stages),
