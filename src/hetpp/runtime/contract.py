@@ -30,9 +30,13 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
             "or 4 (fp32) bytes",
             field="train.grad_bytes_per_param",
         )
-    if plan.optimizer_shards > 1:
+    if plan.optimizer_shards > 1 and train.precision != "fp32":
+        # Mixed precision keeps the fp32 master weights as the parameters themselves: whole on
+        # every owner, where the cost model charges them sharded.
         raise SpecError(
-            "optimizer: the runtime does not shard optimizer state yet; plan with --sharding none",
+            f"optimizer: the runtime shards optimizer state of fp32 plans only (this plan is "
+            f"{train.precision}: its fp32 master weights would stay whole); plan with "
+            "--sharding none or --precision fp32",
             field="sharding",
         )
     if fp64 and train.precision != "fp32":
