@@ -65,9 +65,10 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sharding",
         choices=("auto", "none", "optimizer"),
-        default="auto",
-        help="optimizer sharding over block owners (ZeRO-1): auto (default) tries it where "
-        "memory or time says so and keeps the faster",
+        default="none",
+        help="optimizer sharding over block owners (ZeRO-1): none (default), optimizer, or "
+        "auto: try it where memory or time says so and keep the faster (hetpp train runs "
+        "sharded plans in fp32 only)",
     )
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")

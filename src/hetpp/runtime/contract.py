@@ -53,6 +53,11 @@ def describe(plan: Plan, precision: str) -> list[str]:
         f"hetpp train: {plan.model.name}, {plan.num_devices} ranks, schedule {plan.schedule}",
         f"  precision {precision}",
     ]
+    if plan.optimizer_shards > 1:
+        lines.append(
+            f"  optimizer sharding: each gradient bucket's optimizer state split over its "
+            f"{plan.optimizer_shards} owners (reduce-scatter, step, all-gather)"
+        )
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]
