@@ -6,7 +6,8 @@ each bucket's optimizer state were split k ways, which lets a plan of k or more 
 what an unsharded one cannot. The plans it returns are costed with their own pipeline count
 (`assemble.evaluate`), so one that relied on more owners than it has and does not fit is
 dropped there. `auto` runs the unsharded search, costs its plan both ways (time), and where
-memory is short (nothing fits, recomputation, devices left over) searches sharded too.
+memory may have shaped it (`_memory_short`) searches sharded too; every plan found is costed
+both ways and the fastest that fits is kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import replace
 from hetpp.cost.memory import devices_to_hold, model_state_bytes
 from hetpp.planner.assemble import PlanResult, evaluate, unused_devices
 from hetpp.planner.problem import Problem
+from hetpp.planner.recompute import drop_unneeded_recompute
 
 SHARD_GUESSES = (2, 4)
 """Owners per bucket the sharded searches size memory for, as multiples of the unsharded plan's
@@ -66,8 +68,12 @@ def _both_ways(problem: Problem, result: PlanResult, keep_unsharded: bool) -> li
     if len(result.plan.pipelines) > 1:
         choices.append("optimizer")
     for sharding in choices:
-        plan = result.plan.model_copy(update={"sharding": sharding})
-        step = result.step if sharding == result.plan.sharding else evaluate(problem, plan)
+        if sharding == result.plan.sharding:
+            plan, step = result.plan, result.step
+        else:  # sharded, a stage may fit without recomputation
+            plan = result.plan.model_copy(update={"sharding": sharding})
+            plan = drop_unneeded_recompute(problem, plan)
+            step = evaluate(problem, plan)
         if step.fits:
             out.append(replace(result, plan=plan, step=step))
     return out
