@@ -10,8 +10,11 @@ import pytest
 import torch
 from disthelpers import make_plan, pipeline, train
 
+from hetpp.report.memory import memory_rows
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import layer_file
+from hetpp.runtime.metrics import load_records
+from hetpp.specs.plan import grad_buckets
 
 pytestmark = pytest.mark.dist
 
@@ -33,6 +36,14 @@ CASES = {
         ],
         "gpipe",
         {"clip_grad": 0.05, "weight_decay": 0.1},
+    ),
+    # One-stage pipelines of a tied model: the tied weight is every rank's, outside the
+    # buckets; SGD keeps no state to shard.
+    "gpt-2pipes-1+1-sgd-clip": (
+        "tiny-gpt",
+        [pipeline([0], [0, 6], 2, 2), pipeline([1], [0, 6], 1, 3)],
+        "1f1b",
+        {"clip_grad": 0.05, "optimizer": "sgd", "lr": 0.1},
     ),
 }
 
@@ -92,3 +103,23 @@ def test_sharded_checkpoint_is_whole_and_resumes(tmp_path):
     whole = train(plan, tmp_path, steps=4, **opts)
     losses = [r.loss for r in first[0].records + resumed[0].records]
     assert losses == pytest.approx([r.loss for r in whole[0].records], abs=1e-10, rel=0)
+
+
+def test_sharded_ranks_hold_the_predicted_state(tmp_path):
+    """`--memory-report`: each rank keeps 4 + 4 + 8/P bytes per parameter (fp32 AdamW) but for
+    the tied matrix, what the cost model charges (up to the shards' padding), and less than
+    unsharded."""
+    model, pipes, schedule, _ = CASES["gpt-3pipes-3+2+1-gpipe-clip-decay"]
+    rows = {}
+    for sharding in ("none", "optimizer"):
+        plan = _sharded(model, pipes, schedule).model_copy(update={"sharding": sharding})
+        metrics = tmp_path / f"m-{sharding}.jsonl"
+        train(plan, tmp_path, steps=2, memory_report=True, metrics=str(metrics))
+        rows[sharding] = memory_rows(plan, load_records(metrics, "memory"))
+    # The model charges N/P elements of each bucket; an owner's shard holds up to ceil(N/P):
+    # at most one element's m and v (8 B) more per bucket.
+    slack = 8 * len(grad_buckets(plan))
+    for a, b in zip(rows["none"], rows["optimizer"]):
+        assert abs(b["measured_states_bytes"] - b["predicted_states_bytes"]) <= slack, b
+        assert b["measured_states_bytes"] < a["measured_states_bytes"]
+        assert a["measured_states_bytes"] == a["predicted_states_bytes"], a
