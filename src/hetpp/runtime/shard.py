@@ -136,8 +136,9 @@ class ShardedStep:
         """Collective over every bucket's owners: the whole optimizer state of each stage
         parameter (moments gathered from the shards; scalars such as Adam's step as they are),
         keyed by parameter, as an unsharded optimizer holds it."""
+        views = {piece.view for piece in self.pieces()}
         state: dict[torch.nn.Parameter, dict] = {
-            p: st for p, st in opt.state.items() if p not in {x.view for x in self.pieces()}
+            p: st for p, st in opt.state.items() if p not in views
         }
         for s, group in self.shards:
             keys, scalars = _state_keys(opt, s)
