@@ -152,3 +152,29 @@ def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys
     assert "hpp search only" in capsys.readouterr().err
     assert main([*args, "--time-limit", "0"]) == 2  # main returns argparse's exit code
     assert "--time-limit: expected a finite number > 0" in capsys.readouterr().err
+
+
+def test_plan_sharding_option_and_its_line(tmp_path, capsys):
+    # Two A100-40GB: gpt3-2.7b fits one only sharded over two copies (test_cost_sharding).
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes:\n  - {gpu: A100-40GB, gpus_per_node: 2, intra_node_GBps: 100}\n"
+                    "inter_node_GBps: 25\n")  # fmt: skip
+    args = [
+        "plan",
+        "--cluster",
+        str(path),
+        "--model",
+        "gpt3-2.7b",
+        "--global-batch",
+        "8",
+        "--strategy",
+        "hpp",
+    ]
+    for mode, want in (("none", "none"), ("auto", "optimizer")):
+        out = tmp_path / f"{mode}.json"
+        assert main([*args, "--seq-len", "1024", "--sharding", mode, "--out", str(out)]) == 0
+        assert load_plan(out).sharding == want
+        text = capsys.readouterr().out
+        assert ("optimizer sharding: each bucket's optimizer state split over its 2" in text) == (
+            want == "optimizer"
+        )

@@ -150,3 +150,36 @@ def test_each_pipeline_runs_its_own_schedule():
     )
     est = step_cost(mixed, simcases.cost_model(mixed))
     assert est.pipeline_time_s[1] == step_cost(gpipe, simcases.cost_model(gpipe)).pipeline_time_s[1]
+
+
+def test_sharded_plan_reduce_scatters_steps_then_all_gathers():
+    # The plan of test_block_allreduce_waits_for_the_slower_pipeline with ZeRO-1: each bucket
+    # reduce-scatters (half an all-reduce), every rank steps its shards, then the owners
+    # all-gather the updated parameters in bucket order; the closed form agrees.
+    base = simcases.plan([([(0, ALL)], 4), ([(2, HALF), (3, REST)], 4)])
+    plan = base.model_copy(update={"sharding": "optimizer"})
+    cm = simcases.cost_model(plan)
+    programs, collectives = plan_programs(plan, cm)
+    assert [
+        [str(a) for a in p.actions if a.kind in ("SYNC", "OPT", "GATHER")] for p in programs
+    ] == [
+        ["0SYNC0", "0SYNC1", "0OPT", "0GATHER2", "0GATHER3"],
+        ["0SYNC1", "0OPT", "0GATHER3"],
+        ["1SYNC0", "1OPT", "1GATHER2"],
+    ]
+    plain = plan_programs(base, cm)[1]
+    assert [c.gather for c in collectives] == [False, False, True, True]
+    for rs, ar in zip(collectives, plain):
+        assert rs.duration_s == pytest.approx(ar.duration_s / 2)  # P = 2, no latency here
+    res = simulate_plan(plan, cm)
+    tr = res.trace
+    opt_end = {r: tr.end[(tr.rank == r) & (tr.kind == Kind.OPT)].max() for r in range(3)}
+    for c in (2, 3):
+        sel = (tr.kind == Kind.GATHER) & (tr.index == c)
+        members = collectives[c].members
+        assert tr.start[sel].min() >= max(opt_end[r] for r in members) - 1e-12
+    assert res.iteration_time_s == pytest.approx(tr.end[tr.kind == Kind.GATHER].max())
+    closed = step_cost(plan, cm)
+    assert closed.iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-8)
+    assert closed.exposed_sync_s == pytest.approx(res.exposed_sync_s, rel=1e-6)
+    assert res.iteration_time_s != simulate_plan(base, cm).iteration_time_s

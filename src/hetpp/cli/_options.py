@@ -62,6 +62,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="activation recomputation: auto plans both ways and keeps the faster",
     )
+    p.add_argument(
+        "--sharding",
+        choices=("auto", "none", "optimizer"),
+        default="none",
+        help="optimizer sharding over block owners (ZeRO-1): none (default), optimizer, or "
+        "auto: try it where memory or time says so and keep the faster (hetpp train runs "
+        "sharded plans in fp32 only)",
+    )
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
@@ -109,6 +117,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         train=train,
         micro_batch_sizes=args.micro_batch_sizes,
         recompute_mode=args.recompute,
+        sharding_mode=args.sharding,
         profiles=load_profiles(args.profile) if args.profile else None,
     )
 

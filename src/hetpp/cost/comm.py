@@ -58,13 +58,21 @@ def p2p_time_s(num_bytes: float, link: Link) -> float:
     return float(num_bytes) / link.bw_bytes_per_s + link.latency_s
 
 
+def ring_pass_time_s(
+    num_bytes: float | np.ndarray, num_ranks: int | np.ndarray, link: Link
+) -> float | np.ndarray:
+    """One pass of a ring over `num_ranks` ranks whose slowest link is `link`: a reduce-scatter
+    of `num_bytes` (each rank ends with its summed 1/P) or an all-gather of `num_bytes` in all
+    (each rank contributes 1/P). Each rank sends and receives (P-1)/P of the data in P-1 steps,
+    each paying the link latency (elementwise over arrays; 0 for one rank)."""
+    p = num_ranks
+    return (p - 1) / p * num_bytes / link.bw_bytes_per_s + (p - 1) * link.latency_s
+
+
 def allreduce_time_s(
     num_bytes: float | np.ndarray, num_ranks: int | np.ndarray, link: Link
 ) -> float | np.ndarray:
     """Ring all-reduce of `num_bytes` over `num_ranks` ranks whose slowest link is `link`
-    (elementwise over arrays; 0 for one rank).
-
-    Reduce-scatter plus all-gather: each rank sends and receives 2(P-1)/P of the data in
-    2(P-1) steps, each paying the link latency."""
-    p = num_ranks
-    return 2 * (p - 1) / p * num_bytes / link.bw_bytes_per_s + 2 * (p - 1) * link.latency_s
+    (elementwise over arrays; 0 for one rank): a reduce-scatter plus an all-gather,
+    2(P-1)/P of the data in 2(P-1) steps."""
+    return 2 * ring_pass_time_s(num_bytes, num_ranks, link)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetpp.cost.compute import LayerCosts
-from hetpp.cost.params import stage_params, tied_copy_params
+from hetpp.cost.params import replicated_params, stage_params, stepped_params, tied_copy_params
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.trainspec import TrainSpec
 
@@ -34,6 +34,15 @@ def model_state_bytes(model: ModelSpec, train: TrainSpec) -> float:
     return model.total_params * train.state_bytes_per_param
 
 
+def optimizer_bytes(num_params: float, replicated: float, train: TrainSpec, shards: int) -> float:
+    """Optimizer state of a stage's `num_params` parameters with `shards` owners sharing each
+    bucket (`Plan.optimizer_shards`; 1: unsharded). Sharded: all of `optimizer_bytes_per_param`
+    (mixed precision: the fp32 master weights and AdamW's m and v, 4 + 4 + 4; fp32: m and v)
+    for 1/shards of the parameters; weights and the fp32 gradients stay whole (ZeRO-1). The
+    `replicated` parameters (the tied matrix) keep their full state."""
+    return stepped_params(num_params, replicated, shards) * train.optimizer_bytes_per_param
+
+
 def usable_bytes(capacity_bytes: float, train: TrainSpec) -> float:
     """What a device of `capacity_bytes` offers after the reserve."""
     return capacity_bytes - train.reserve_bytes
@@ -49,8 +58,16 @@ def devices_to_hold(nbytes: float, capacity_bytes: float, train: TrainSpec) -> i
 
 
 def stage_memory(
-    model: ModelSpec, train: TrainSpec, costs: LayerCosts, start: int, end: int, num_in_flight: int
+    model: ModelSpec,
+    train: TrainSpec,
+    costs: LayerCosts,
+    start: int,
+    end: int,
+    num_in_flight: int,
+    shards: int = 1,
 ) -> StageMemory:
+    """Peak bytes of a stage holding [start, end) with `num_in_flight` micro-batches, its
+    optimizer state sharded `shards` ways (`optimizer_bytes`)."""
     n = stage_params(model, start, end)
     acts = num_in_flight * costs.saved(start, end)
     acts += float(costs.peak_extra_bytes[start:end].max(initial=0.0))
@@ -58,7 +75,7 @@ def stage_memory(
     return StageMemory(
         weights=n * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
-        optimizer=n * train.optimizer_bytes_per_param,
+        optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
         activations=acts,
         reserve=train.reserve_bytes,
     )

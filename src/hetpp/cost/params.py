@@ -28,6 +28,20 @@ def stage_params(model: ModelSpec, start: int, end: int) -> int:
     return total
 
 
+def replicated_params(model: ModelSpec, start: int, end: int) -> int:
+    """Parameters of a stage holding [start, end) that optimizer sharding leaves whole: the tied
+    embedding/head matrix (the embedding's or the head's copy, one tensor if both), which has its
+    own all-reduce and is stepped in full by every holder."""
+    ends_model = start == 0 or end == len(model.layers)
+    return tied_copy_params(model) if ends_model else 0
+
+
+def stepped_params(num_params: float, replicated: float, shards: int) -> float:
+    """Parameters whose optimizer state (and step) an owner keeps when each bucket is sharded
+    `shards` ways: its 1/shards of the sharded ones, all of the `replicated` ones."""
+    return (num_params - replicated) / shards + replicated
+
+
 class ParamSums:
     """`stage_params` and the block-gradient parameters of any layer range, from prefix sums
     (for planners that try many ranges)."""

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
+from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
 from hetpp.cost.memory import StageMemory, stage_memory
-from hetpp.cost.params import tied_copy_params
+from hetpp.cost.params import replicated_params, stage_params, stepped_params, tied_copy_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
-from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
+from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
@@ -41,7 +41,8 @@ class StageCost:
 
 @dataclass(frozen=True)
 class SyncBucket:
-    """Gradient blocks with one owner set, all-reduced as one flat buffer."""
+    """Gradient blocks with one owner set, all-reduced as one flat buffer (sharded: its
+    reduce-scatter, or its parameters' all-gather in `StepCost.gathers`)."""
 
     owners: tuple[int, ...]
     blocks: tuple[tuple[int, int], ...]
@@ -60,6 +61,9 @@ class StepCost:
     optimizer_s: float
     iteration_time_s: float
     global_batch: int
+    gathers: tuple[SyncBucket, ...] = ()
+    """With optimizer sharding: each sharded bucket's all-gather of updated parameters, after
+    its owners' optimizer steps (`bytes`: the parameters in the weights' dtype)."""
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -112,7 +116,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
             k = schedule.in_flight(s, num, pipe.num_micro_batches)
-            mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
+            mem = stage_memory(cm.model, train, costs[s], *st.layers, k, plan.optimizer_shards)
             stages.append(
                 StageCost(
                     p,
@@ -155,27 +159,54 @@ def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
-    """Block-wise all-reduce in `grad_buckets` order, then the tied embedding/head bucket
-    (`hetpp.cost.sync.run_buckets` times them)."""
+    """Block-wise all-reduce (sharded: reduce-scatter) in `grad_buckets` order, then the tied
+    embedding/head bucket (`hetpp.cost.sync.run_buckets` times them)."""
     grad = cm.train.grad_bytes_per_param
     order = [
-        (owners, tuple(blocks), sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks))
-        for owners, blocks in grad_buckets(plan)
+        (owners, tuple(blocks), n * grad, _ring_s(plan, cm, owners, n * grad))
+        for owners, blocks, n in _bucket_params(plan, cm)
     ]
     tied = _tied_holders(plan, cm)
     if tied:
-        order.append((tied, (), tied_copy_params(cm.model)))
-    durations = [
-        (owners, allreduce_time_s(n * grad, len(set(owners)), group_link(cm.cluster, owners)))
-        for owners, _, n in order
-    ]
+        n = tied_copy_params(cm.model) * grad
+        order.append((tied, (), n, allreduce_time_s(n, len(tied), group_link(cm.cluster, tied))))
+    durations = [(owners, seconds) for owners, _, _, seconds in order]
     times, _ = run_buckets(durations, {s.device: s.done_s for s in stages})
     out = [
-        SyncBucket(owners, blocks, n * grad, ready, start, end)
-        for (owners, blocks, n), (ready, start, end) in zip(order, times)
+        SyncBucket(owners, blocks, nbytes, ready, start, end)
+        for (owners, blocks, nbytes, _), (ready, start, end) in zip(order, times)
     ]
     if tied:  # it waits for its holders' block buckets: ready once they are free of them
         out[-1] = replace(out[-1], ready_s=out[-1].start_s)
+    return out
+
+
+def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float]]:
+    """(owners, blocks, parameters whose gradients it sums) of every bucket, in order."""
+    return [
+        (owners, tuple(blocks), sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks))
+        for owners, blocks in grad_buckets(plan)
+    ]
+
+
+def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -> float:
+    """A bucket's gradient sum: a ring all-reduce, or with sharding one reduce-scatter pass."""
+    link, ranks = group_link(cm.cluster, owners), len(set(owners))
+    if plan.sharding == "optimizer":
+        return ring_pass_time_s(nbytes, ranks, link)
+    return allreduce_time_s(nbytes, ranks, link)
+
+
+def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
+    """Sharded plans: each bucket's all-gather of its updated parameters (weights' dtype),
+    as (owners, blocks, bytes, seconds); buckets with one owner need none."""
+    if plan.optimizer_shards == 1:
+        return []
+    out = []
+    for owners, blocks, n in _bucket_params(plan, cm):
+        nbytes = n * cm.train.dtype_bytes
+        link = group_link(cm.cluster, owners)
+        out.append((owners, blocks, nbytes, ring_pass_time_s(nbytes, len(set(owners)), link)))
     return out
 
 
@@ -213,23 +244,32 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {s.device: optimizer_time_s(cm, s) for s in stages}
+    opt = {s.device: optimizer_time_s(cm, s, plan.optimizer_shards) for s in stages}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
+    order = gathers(plan, cm)
+    gathered, done = finish_step(end, pipe_end, opt, [(o, sec) for o, _, _, sec in order])
     return StepCost(
         tuple(stages),
         tuple(times),
         tuple(buckets),
         max(0.0, sync_end - compute_end),
         max(opt.values()),
-        step_end_s(end, pipe_end, opt),
+        max(done.values()),
         plan.global_batch,
+        tuple(
+            SyncBucket(owners, blocks, nbytes, *t)
+            for (owners, blocks, nbytes, _), t in zip(order, gathered)
+        ),
     )
 
 
-def optimizer_time_s(cm: CostModel, stage: StageCost) -> float:
-    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`)."""
-    m = stage.memory
+def optimizer_time_s(cm: CostModel, stage: StageCost, shards: int = 1) -> float:
+    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`) over the parameters
+    it steps: with `shards` owners per bucket, its shard of each (`stepped_params`)."""
+    a, b = stage.layers
+    n = stage_params(cm.model, a, b)
+    stepped = stepped_params(n, replicated_params(cm.model, a, b), shards)
     return optimizer_step_s(
-        m.weights + m.grads + m.optimizer, cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
+        state_bytes(stepped, cm.train), cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
     )

@@ -1,5 +1,9 @@
 """Block-wise gradient sync after backward, and when each rank is done with the step.
 
+With optimizer sharding (ZeRO-1) a bucket's all-reduce becomes a reduce-scatter (overlapped with
+backward as the all-reduce was), and an all-gather of the updated parameters follows each
+owner's (smaller) optimizer step (`finish_step`).
+
 One timing rule, asked at two levels: `hetpp.cost.step` runs it over a plan's devices, the
 planner's `layout_tail` over (template, stage) groups of a layout it has not placed yet. Owners
 are any hashable keys; finish times are any common clock (the planner counts back from the
@@ -45,9 +49,28 @@ def state_bytes(num_params: float, train: TrainSpec) -> float:
     return num_params * train.state_bytes_per_param
 
 
+def finish_step(
+    free: Mapping[K, float],
+    pipeline_end: Mapping[K, float],
+    optimizer_s: Mapping[K, float],
+    gathers: Sequence[tuple[Sequence[K], float]] = (),
+) -> tuple[list[tuple[float, float, float]], dict[K, float]]:
+    """After the sync: every rank, once its pipeline has ended and its buckets are done, steps
+    its optimizer; with optimizer sharding the owners of each bucket then all-gather its updated
+    parameters (`gathers`, `(owners, seconds)` in bucket order, timed as `run_buckets`). The
+    all-gathers are on the critical path: the next step's forward needs the parameters (they
+    are not overlapped with it). Returns the gathers' (ready, start, end) and when each rank is
+    done."""
+    stepped = {k: max(free[k], pipeline_end[k]) + optimizer_s[k] for k in free}
+    return run_buckets(gathers, stepped)
+
+
 def step_end_s(
-    free: Mapping[K, float], pipeline_end: Mapping[K, float], optimizer_s: Mapping[K, float]
+    free: Mapping[K, float],
+    pipeline_end: Mapping[K, float],
+    optimizer_s: Mapping[K, float],
+    gathers: Sequence[tuple[Sequence[K], float]] = (),
 ) -> float:
-    """When the step ends: every rank, once its pipeline has ended and its buckets are done,
-    steps its optimizer."""
-    return max(max(free[k], pipeline_end[k]) + optimizer_s[k] for k in free)
+    """When the step ends: the last rank done with its optimizer step (and, sharded, its
+    all-gathers; `finish_step`)."""
+    return max(finish_step(free, pipeline_end, optimizer_s, gathers)[1].values())

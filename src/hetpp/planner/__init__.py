@@ -18,6 +18,7 @@ from hetpp.planner.fsdp import search_fsdp
 from hetpp.planner.oracle import search_oracle
 from hetpp.planner.problem import Problem, physical_limit_samples_per_s
 from hetpp.planner.search import Progress, search_hpp
+from hetpp.planner.sharding import search_with_sharding
 from hetpp.specs.errors import SpecError
 
 Strategy = Callable[[Problem, Progress | None], PlanResult]
@@ -59,22 +60,27 @@ def plan(
     progress: Progress | None = None,
     time_limit_s: float | None = None,
 ) -> PlanResult:
-    """Run one strategy (or `best`: every family) on a problem; `time_limit_s` (hpp and best)
-    returns the best plan found by then."""
-    if strategy == BEST:
-        return search_best(problem, progress, time_limit_s)
-    if strategy not in STRATEGIES:
+    """Run one strategy (or `best`: every family) on a problem, over the sharding choices
+    `problem.sharding_mode` allows (`planner.sharding`); `time_limit_s` (hpp and best) returns
+    the best plan found by then."""
+    if strategy != BEST and strategy not in STRATEGIES:
         raise SpecError(
             f"unknown strategy {strategy!r}; expected one of {BEST}, {', '.join(STRATEGIES)}"
         )
-    if time_limit_s is not None:
-        if strategy != "hpp":
-            raise SpecError(
-                f"a time limit applies to the hpp search only, not to {strategy!r}",
-                field="time_limit",
-            )
-        return search_hpp(problem, progress, time_limit_s)
-    return STRATEGIES[strategy](problem, progress)
+    if time_limit_s is not None and strategy not in ("hpp", BEST):
+        raise SpecError(
+            f"a time limit applies to the hpp search only, not to {strategy!r}",
+            field="time_limit",
+        )
+
+    def run(p: Problem, limit_s: float | None) -> PlanResult:
+        if strategy == BEST:
+            return search_best(p, progress, limit_s)
+        if limit_s is not None:
+            return search_hpp(p, progress, limit_s)
+        return STRATEGIES[strategy](p, progress)
+
+    return search_with_sharding(problem, run, time_limit_s)
 
 
 __all__ = [

@@ -142,7 +142,7 @@ def build_plan(
 
 def evaluate(problem: Problem, plan: Plan) -> StepCost:
     """The full cost of a plan (the ranking every strategy uses)."""
-    return step_cost(plan, problem.cost_model(plan.train.recompute))
+    return step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
 
 
 def unused_devices(problem: Problem, plan: Plan) -> list[int]:

@@ -113,4 +113,5 @@ def _plan(problem: Problem, rc: bool, ids: Sequence[int], sizes: Sequence[int], 
         )
         for d, b in zip(ids, sizes)
     )
-    return Plan(pipelines=pipelines, strategy="fsdp", sharding="full", **problem.plan_fields(rc))
+    fields = {**problem.plan_fields(rc), "sharding": "full"}
+    return Plan(pipelines=pipelines, strategy="fsdp", **fields)

@@ -16,6 +16,7 @@ from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 RecomputeMode = Literal["auto", "on", "off"]
+ShardingMode = Literal["auto", "none", "optimizer"]
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
 
@@ -54,7 +55,16 @@ class Problem:
     faster; `on`/`off` force it."""
     profiles: ProfileTable | None = None
     """Measured rows that replace the estimate for their GPU types."""
-    _cms: dict[bool, CostModel] = field(default_factory=dict, init=False, repr=False)
+    sharding_mode: ShardingMode = "none"
+    """Optimizer sharding over block owners (`Plan.sharding`): `none`; `optimizer` for every
+    plan; `auto` also tries it where memory or time says so and keeps the faster
+    (`planner.sharding`)."""
+    optimizer_shards: int = 1
+    """Owners the search assumes share each bucket's optimizer state: 1 plans unsharded; k > 1
+    sizes stages and optimizer steps as if every bucket had k owners (`cost_model`) and marks
+    the plans `sharding="optimizer"`; each plan is then costed with its own pipeline count, so a
+    plan of fewer than k pipelines that does not fit is dropped there."""
+    _cms: dict[tuple[bool, int], CostModel] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
@@ -78,12 +88,19 @@ class Problem:
         """The schedule's registry entry."""
         return SCHEDULES[self.train.schedule]
 
-    def cost_model(self, recompute: bool) -> CostModel:
-        """The cost model for one recomputation setting (built once)."""
-        if recompute not in self._cms:
-            train = self.train.model_copy(update={"recompute": recompute})
-            self._cms[recompute] = CostModel(self.model, train, self.cluster, self.profiles)
-        return self._cms[recompute]
+    def cost_model(self, recompute: bool, shards: int | None = None) -> CostModel:
+        """The cost model for one recomputation setting (built once). The search's (`shards`
+        None: `optimizer_shards`) charges 1/shards of the optimizer state per parameter; with
+        `shards=1` it is the plans' own, which `assemble.evaluate` costs them with."""
+        shards = self.optimizer_shards if shards is None else shards
+        key = (recompute, shards)
+        if key not in self._cms:
+            opt = self.train.optimizer_bytes_per_param / shards
+            train = self.train.model_copy(
+                update={"recompute": recompute, "optimizer_bytes_per_param": opt}
+            )
+            self._cms[key] = CostModel(self.model, train, self.cluster, self.profiles)
+        return self._cms[key]
 
     def recompute_options(self) -> list[bool]:
         return {"off": [False], "on": [True], "auto": [False, True]}[self.recompute_mode]
@@ -133,6 +150,7 @@ class Problem:
             train=self.train.model_copy(update={"recompute": recompute}),
             model=self.model.config,
             cluster=self.cluster,
+            sharding="optimizer" if self.optimizer_shards > 1 else "none",
         )
 
 

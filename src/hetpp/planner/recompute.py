@@ -18,7 +18,7 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
     """`plan` with recomputation off on every stage that fits without it."""
     if not plan.train.recompute:
         return plan
-    cm = problem.cost_model(False)
+    cm = problem.cost_model(False, shards=1)
     cluster = problem.cluster
     pipelines = []
     for pipe in plan.pipelines:
@@ -27,7 +27,8 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
             gpu = cluster.gpu(st.device)
             costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
             k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), pipe.num_micro_batches)
-            fits = stage_memory(cm.model, cm.train, costs, *st.layers, k).total <= gpu.memory_bytes
+            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, plan.optimizer_shards)
+            fits = mem.total <= gpu.memory_bytes
             stages.append(st.model_copy(update={"recompute": False}) if fits else st)
         pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))
     return plan.model_copy(update={"pipelines": tuple(pipelines)})

@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s, ring_link
+from hetpp.cost.comm import allreduce_time_s, ring_link, ring_pass_time_s
 from hetpp.cost.params import tied_copy_params
 from hetpp.cost.pipeline import backward_done_s
 from hetpp.cost.sync import optimizer_step_s, run_buckets, state_bytes, step_end_s
@@ -45,14 +45,20 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
         entry = buckets.setdefault(owners, [0.0, 0])
         entry[0] += ctx.params.synced(a, b)
         entry[1] = a
-    # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket.
-    grad = train.grad_bytes_per_param
+    # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket. Sharded
+    # (the search's `optimizer_shards`): a reduce-scatter each, an all-gather after the step.
+    grad, sharded = train.grad_bytes_per_param, ctx.problem.optimizer_shards > 1
+    ring = ring_pass_time_s if sharded else allreduce_time_s
+    ordered = sorted(buckets.items(), key=lambda kv: -kv[1][1])
+    links = [_bucket_link(ctx, layout, owners, link) for owners, _ in ordered]
     order = [
-        (
-            tuple(enumerate(owners)),
-            allreduce_time_s(params * grad, replicas, _bucket_link(ctx, layout, owners, link)),
-        )
-        for owners, (params, _) in sorted(buckets.items(), key=lambda kv: -kv[1][1])
+        (tuple(enumerate(owners)), ring(params * grad, replicas, bucket_link))
+        for (owners, (params, _)), bucket_link in zip(ordered, links)
+    ]
+    gathers = [
+        (tuple(enumerate(owners)), ring_pass_time_s(params * train.dtype_bytes, replicas, lk))
+        for (owners, (params, _)), lk in zip(ordered, links)
+        if sharded
     ]
     order += _tied(ctx, layout, link)
     _, free = run_buckets(order, done)
@@ -64,7 +70,7 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
         for i, (t, _) in enumerate(layout)
         for s, (a, b) in enumerate(itertools.pairwise(t.bounds))
     }
-    return step_end_s(free, dict.fromkeys(free, 0.0), opt)
+    return step_end_s(free, dict.fromkeys(free, 0.0), opt, gathers)
 
 
 def _tied(ctx: ShapeContext, layout, link: Link) -> list[tuple[list[Group], float]]:

@@ -25,9 +25,16 @@ COLORS = {
     "send/recv": "#222222",
     "all-reduce": "#E45756",
     "optimizer": "#B279A2",
+    "all-gather": "#54A24B",
     "idle": "#E8E8E8",
 }
-_KIND_NAME = {Kind.F: "forward", Kind.B: "backward", Kind.SYNC: "all-reduce", Kind.OPT: "optimizer"}
+_KIND_NAME = {
+    Kind.F: "forward",
+    Kind.B: "backward",
+    Kind.SYNC: "all-reduce",
+    Kind.OPT: "optimizer",
+    Kind.GATHER: "all-gather",
+}
 
 
 def _figure(width: float, height: float):

@@ -65,6 +65,11 @@ def print_plan(problem: Problem, result: PlanResult, console: Console | None = N
             f"sharding full: FSDP over all {plan.num_devices} devices (pipelines: the slowest "
             "device at its own speed; exposed sync: the FSDP communication prefetch leaves)"
         )
+    if plan.optimizer_shards > 1:
+        console.print(
+            f"optimizer sharding: each bucket's optimizer state split over its "
+            f"{plan.optimizer_shards} owners (reduce-scatter, step, all-gather)"
+        )
     if unused:
         console.print(f"unused devices: {_ranges(unused)}")
     if result.note:

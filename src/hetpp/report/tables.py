@@ -48,12 +48,14 @@ def step_table(step: StepCost, title: str = "Per stage") -> Table:
 
 
 def sync_table(step: StepCost) -> Table:
-    """Gradient buckets: owners, blocks, size and when each all-reduce runs."""
+    """Gradient buckets: owners, blocks, size and when each all-reduce (sharded: reduce-scatter)
+    runs, then a sharded plan's all-gathers of updated parameters."""
     t = Table(title="Block-wise gradient sync", title_justify="left")
     for col in ("owners", "layer blocks", "MB", "ready s", "start s", "end s"):
         t.add_column(col, justify="left" if col in ("owners", "layer blocks") else "right")
-    for b in step.buckets:
-        blocks = ", ".join(f"[{a},{e})" for a, e in b.blocks) or "tied embedding/head"
+    rows = [(b, "") for b in step.buckets] + [(b, " all-gather") for b in step.gathers]
+    for b, what in rows:
+        blocks = (", ".join(f"[{a},{e})" for a, e in b.blocks) or "tied embedding/head") + what
         t.add_row(
             ",".join(map(str, b.owners)),
             blocks,
@@ -115,6 +117,10 @@ def step_dict(step: StepCost) -> dict[str, Any]:
                 "end_s": b.end_s,
             }
             for b in step.buckets
+        ],
+        "parameter_gathers": [
+            {"owners": list(b.owners), "bytes": b.bytes, "start_s": b.start_s, "end_s": b.end_s}
+            for b in step.gathers
         ],
     }
 

@@ -24,11 +24,6 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
     plan's own validation already limits the schedule to the registry (each entry names the torch
     class the runtime runs) and a stage to one device."""
     train = plan.train
-    if plan.sharding == "optimizer":
-        raise SpecError(
-            "'optimizer' (ZeRO-1) is not executed by this runtime; expected 'none' or 'full'",
-            field="sharding",
-        )
     if plan.sharding == "full" and train.precision == "fp16":
         raise SpecError(
             "fp16 (dynamic loss scaling) is not built for sharding 'full'; use bf16 or fp32",
@@ -39,6 +34,15 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
             "or 4 (fp32) bytes",
             field="train.grad_bytes_per_param",
+        )
+    if plan.optimizer_shards > 1 and train.precision != "fp32":
+        # Mixed precision keeps the fp32 master weights as the parameters themselves: whole on
+        # every owner, where the cost model charges them sharded.
+        raise SpecError(
+            f"optimizer: the runtime shards optimizer state of fp32 plans only (this plan is "
+            f"{train.precision}: its fp32 master weights would stay whole); plan with "
+            "--sharding none or --precision fp32",
+            field="sharding",
         )
     if fp64 and train.precision != "fp32":
         raise SpecError(
@@ -57,6 +61,11 @@ def describe(plan: Plan, precision: str) -> list[str]:
     if plan.sharding == "full":
         lines.append(
             f"  sharding full: FSDP2 over all {plan.num_devices} ranks, per-rank batch shares"
+        )
+    if plan.optimizer_shards > 1:
+        lines.append(
+            f"  optimizer sharding: each gradient bucket's optimizer state split over its "
+            f"{plan.optimizer_shards} owners (reduce-scatter, step, all-gather)"
         )
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))

@@ -13,6 +13,11 @@ complete. Every rank issues its buckets in that one global order, the simulator'
 that share two reduce groups then never wait on each other's collectives in opposite orders (on
 NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
 
+With optimizer sharding (`Plan.sharding = "optimizer"`, `runtime.shard`) each bucket is
+reduce-scattered instead: every owner keeps the summed gradient of its shard only, for the
+optimizer to step; the all-gather of the updated parameters follows the optimizer step
+(`ShardedStep.gather`).
+
 A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
 of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
 contributions together.
@@ -30,6 +35,7 @@ import torch.distributed as dist
 from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
+from hetpp.runtime.shard import BucketShard, ShardedStep
 
 
 @dataclass
@@ -44,7 +50,10 @@ class Bucket:
     """This rank's parameters of those layers, in layer order (the same order on every owner)."""
     waiting: int = 0
     """Parameters whose final gradient has not arrived yet in this step's last backward."""
+    shard: BucketShard | None = None
+    """Sharded: the bucket's flat layout over its owners and this rank's pieces."""
     flat: torch.Tensor | None = None
+    """In flight: the flat sum (sharded: this rank's shard of it)."""
     work: dist.Work | None = field(default=None, repr=False)
 
     def describe(self) -> str:
@@ -56,7 +65,8 @@ class GradSync:
     """This rank's share of the gradient reductions of a plan."""
 
     def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
-                 device: torch.device, reduce_dtype: torch.dtype):  # fmt: skip
+                 device: torch.device, reduce_dtype: torch.dtype,
+                 sharded: bool = False):  # fmt: skip
         self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
         tied = stage.tied_weight()
         self.buckets: list[Bucket] = []
@@ -71,7 +81,14 @@ class GradSync:
                 self.norm_params += params
             params = [p for p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
-                self.buckets.append(Bucket(owners, layers, params))
+                shard = BucketShard(params, owners, rank) if sharded else None
+                self.buckets.append(Bucket(owners, layers, params, shard=shard))
+        self.sharded: ShardedStep | None = None
+        """Sharded plans: this rank's shards, which the optimizer steps."""
+        if sharded:
+            self.sharded = ShardedStep(
+                [(b.shard, groups.reduce_group(b.owners)) for b in self.buckets]
+            )
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
@@ -101,8 +118,14 @@ class GradSync:
             self.issued += 1
 
     def _start(self, b: Bucket) -> None:
+        group = self.groups.reduce_group(b.owners)
+        if b.shard is not None:
+            flat = b.shard.flat(grads_of(b.params), self.reduce_dtype)
+            b.flat = flat.new_empty(b.shard.size)
+            b.work = dist.reduce_scatter_single(b.flat, flat, group=group, async_op=True)
+            return
         b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
-        b.work = dist.all_reduce(b.flat, group=self.groups.reduce_group(b.owners), async_op=True)
+        b.work = dist.all_reduce(b.flat, group=group, async_op=True)
 
     def sync(self, note: Callable[[str], None]) -> None:
         """Finish the step's reductions: start what backward has not (the tied weight; a bucket
@@ -119,6 +142,10 @@ class GradSync:
         for b in self.buckets:
             note(b.describe())
             b.work.wait()
+            if b.shard is not None:
+                b.shard.scatter_grads(b.flat)
+                b.flat = b.work = None
+                continue
             grads = grads_of(b.params)
             for g, part in zip(grads, b.flat.split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
@@ -129,9 +156,18 @@ class GradSync:
             self.tied.grad.copy_(tied_flat)
 
     def clip(self, max_norm: float, stage: StageModule) -> float:
-        """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before."""
-        local = squared_norm(self.norm_params, self.device)
+        """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before.
+        Sharded: every owner adds its shards' squares (each element is on one owner), and the
+        unsharded parameters count on pipeline 0's owner as before: the same norm, exactly."""
+        params = self.norm_params
+        pieces = []
+        if self.sharded is not None:
+            params = [p for p in params if p not in self.sharded.sharded]
+            pieces = [piece.view for piece in self.sharded.pieces()]
+        local = squared_norm(params + pieces, self.device)
         dist.all_reduce(local)
         norm = math.sqrt(local.item())
-        scale_grads(stage.parameters(), clip_coefficient(norm, max_norm))
+        coef = clip_coefficient(norm, max_norm)
+        scale_grads(stage.parameters(), coef)
+        scale_grads(pieces, coef)
         return norm

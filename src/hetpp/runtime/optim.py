@@ -4,7 +4,7 @@ single-process reference so both do exactly the same maths."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -13,14 +13,18 @@ from hetpp.runtime.options import TrainOptions
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], opts: TrainOptions
+    params: Iterable[torch.nn.Parameter],
+    opts: TrainOptions,
+    decays: Callable[[torch.nn.Parameter], bool] | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW or SGD; weight decay on matrices only: norms and biases (1-d) are not decayed, as
-    transformers' Trainer and torchtitan do."""
+    transformers' Trainer and torchtitan do. `decays` says it per parameter where the shape
+    does not (a sharded piece of a matrix is 1-d: `runtime.shard`)."""
     params = list(params)
+    decays = decays or (lambda p: p.ndim >= 2)
     groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": opts.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if decays(p)], "weight_decay": opts.weight_decay},
+        {"params": [p for p in params if not decays(p)], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
     if opts.optimizer == "adamw":

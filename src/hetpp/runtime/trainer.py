@@ -45,6 +45,7 @@ from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
 from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
+from hetpp.runtime.shard import ShardedStep, WholeState
 from hetpp.runtime.stage import TimedStage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
@@ -85,14 +86,20 @@ def _slowdown(plan: Plan, role: Role, opts: TrainOptions) -> float:
 
 
 def _resume(
-    opts: TrainOptions, stage: StageModule, opt: torch.optim.Optimizer
+    opts: TrainOptions, stage: StageModule, opt: torch.optim.Optimizer, shards: ShardedStep | None
 ) -> tuple[int, int, Path | None]:
-    """(step, samples consumed, checkpoint path) to start from."""
+    """(step, samples consumed, checkpoint path) to start from. Checkpoints hold whole
+    parameters' optimizer state; a sharded rank keeps its shards' slices."""
     path = checkpoint.latest(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
     if path is None:
         return 0, 0, None
     check_resumable(path, stage.config.model_dump(mode="json"), opts.optimizer, opts.seed)
-    meta = checkpoint.load(path, stage, opt)
+    if shards is None:
+        meta = checkpoint.load(path, stage, opt)
+    else:
+        whole = WholeState()
+        meta = checkpoint.load(path, stage, whole)
+        shards.load_state(opt, whole)
     return meta.step, meta.samples, path
 
 
@@ -154,13 +161,26 @@ class RankTrainer:
         self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
         if self.pipe.stages[role.stage].recomputes(plan.train):
             recompute_blocks(self.stage, self.probe.meter if self.probe else None)
-        self.opt = make_optimizer(self.stage.parameters(), opts)
-        activity("loading the checkpoint")
-        self.start, self.samples, self.resumed_from = _resume(opts, self.stage, self.opt)
-        self.sched = make_scheduler(self.opt, opts, self.start)
         self.sync = GradSync(
-            ranks, self.rank, self.stage, groups, device, self.precision.reduce_dtype
+            ranks,
+            self.rank,
+            self.stage,
+            groups,
+            device,
+            self.precision.reduce_dtype,
+            sharded=plan.optimizer_shards > 1,
         )
+        self.shards = self.sync.sharded
+        if self.shards is not None:  # the optimizer steps this rank's shards (`runtime.shard`)
+            params, decays = self.shards.optimizer_params(self.stage.parameters())
+            self.opt = make_optimizer(params, opts, decays.__getitem__)
+        else:
+            self.opt = make_optimizer(self.stage.parameters(), opts)
+        activity("loading the checkpoint")
+        self.start, self.samples, self.resumed_from = _resume(
+            opts, self.stage, self.opt, self.shards
+        )
+        self.sched = make_scheduler(self.opt, opts, self.start)
         self.pstage = TimedStage(
             self.stage,
             role.stage,
@@ -239,6 +259,8 @@ class RankTrainer:
         gradient norm before clipping)."""
         t0 = time.perf_counter()
         self.opt.zero_grad()
+        if self.shards is not None:  # the stage's own gradients: the optimizer has pieces
+            self.stage.zero_grad()
         args, target, losses = (), None, None
         if self.first or self.last:
             inputs, targets = batch(self.source, self.samples + self.offset, self.pipe.batch)
@@ -265,6 +287,9 @@ class RankTrainer:
         self.lr = self.sched.get_last_lr()[0]  # this update's rate, for the metrics
         if not skip:
             self.opt.step()
+            if self.shards is not None:
+                self.note(f"step {step}: all-gather of the updated parameter shards")
+                self.shards.gather()
         # The schedule counts steps, skipped (fp16 overflow) ones included, as the reference does.
         self.sched.step()
         self.scaler.update(skip)
@@ -328,9 +353,11 @@ class RankTrainer:
         self.note(f"step {step}: writing the checkpoint")
         meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
+        # Sharded: the owners first gather the whole optimizer state (collective).
         writes = list(range(*self.role.layers)) if self.role.pipeline == 0 else []
+        state = self.opt if self.shards is None else self.shards.full_state(self.opt)
         checkpoint.save(
-            self.opts.checkpoint_dir, meta, self.stage, self.opt, writes, self.rank, dist.barrier
+            self.opts.checkpoint_dir, meta, self.stage, state, writes, self.rank, dist.barrier
         )
 
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:

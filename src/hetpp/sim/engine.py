@@ -51,11 +51,14 @@ class RankProgram:
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """An all-reduce that SYNC actions with its index join."""
+    """An all-reduce (reduce-scatter) that SYNC actions with its index join, or an all-gather
+    that GATHER actions join."""
 
     members: tuple[int, ...]
     """Program indices of the ranks taking part."""
     duration_s: float
+    gather: bool = False
+    """An all-gather of updated parameters after the optimizer step (recorded as GATHER)."""
 
 
 class ScheduleError(ValueError):
@@ -77,6 +80,10 @@ def _name(programs: Sequence[RankProgram], r: int) -> str:
     return programs[r].name or f"rank {r}"
 
 
+_COLLECTIVE = ("SYNC", "GATHER")
+"""Action kinds that join a collective (its index in `microbatch`)."""
+
+
 def _check(programs: Sequence[RankProgram], collectives: Sequence[Collective]) -> None:
     for r, prog in enumerate(programs):
         for a in prog.actions:
@@ -84,11 +91,12 @@ def _check(programs: Sequence[RankProgram], collectives: Sequence[Collective]) -
                 (a.kind in ("SEND_F", "RECV_B") and prog.next is None)
                 or (a.kind in ("RECV_F", "SEND_B") and prog.prev is None)
                 or (
-                    a.kind == "SYNC"
+                    a.kind in _COLLECTIVE
                     and (
                         a.microbatch is None
                         or not 0 <= a.microbatch < len(collectives)
                         or r not in collectives[a.microbatch].members
+                        or collectives[a.microbatch].gather != (a.kind == "GATHER")
                     )
                 )
             )
@@ -135,8 +143,9 @@ class _Run:
             return None
         start = self.coll_ready[c]
         end = start + coll.duration_s
+        kind = Kind.GATHER if coll.gather else Kind.SYNC
         for m in coll.members:
-            self.intervals.append((m, Kind.SYNC, c, start, end))
+            self.intervals.append((m, kind, c, start, end))
             if m != r:  # the others were blocked on it: move them past the SYNC
                 self.clock[m] = end
                 self.pc[m] += 1
@@ -167,7 +176,7 @@ class _Run:
                     self.waiting[key] = r
                     break
                 t = max(t, at)
-            elif kind == "SYNC":
+            elif kind in _COLLECTIVE:
                 end = self.join(r, mb, t)
                 if end is None:
                     break
@@ -186,13 +195,14 @@ class _Run:
             if self.pc[r] >= len(prog.actions):
                 continue
             a = prog.actions[self.pc[r]]
-            if a.kind == "SYNC":
+            if a.kind in _COLLECTIVE:
                 missing = [
                     _name(self.programs, m)
                     for m in self.collectives[a.microbatch].members
                     if not self._at_sync(m, a.microbatch)
                 ]
-                why = f"all-reduce {a.microbatch} still needs {', '.join(missing)}"
+                what = "all-gather" if a.kind == "GATHER" else "all-reduce"
+                why = f"{what} {a.microbatch} still needs {', '.join(missing)}"
             else:
                 peer = prog.prev if a.kind == "RECV_F" else prog.next
                 why = f"waits for a message from {_name(self.programs, peer)}"
@@ -202,7 +212,7 @@ class _Run:
     def _at_sync(self, r: int, c: int) -> bool:
         acts = self.programs[r].actions
         pc = self.pc[r]
-        return pc < len(acts) and acts[pc].kind == "SYNC" and acts[pc].microbatch == c
+        return pc < len(acts) and acts[pc].kind in _COLLECTIVE and acts[pc].microbatch == c
 
 
 def run(programs: Sequence[RankProgram], collectives: Sequence[Collective] = ()) -> Trace:

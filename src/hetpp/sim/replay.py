@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetpp.cost.comm import allreduce_time_s, group_link
 from hetpp.cost.compute import CostModel
-from hetpp.cost.step import StageCost, optimizer_time_s, stage_costs, sync_buckets
+from hetpp.cost.step import StageCost, gathers, optimizer_time_s, stage_costs, sync_buckets
 from hetpp.sim.engine import Collective, RankProgram, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
 from hetpp.sim.schedule import stage_actions
@@ -65,29 +64,32 @@ def simulate_pipeline(
 def plan_programs(
     plan: Plan, cm: CostModel, stages: list[StageCost] | None = None
 ) -> tuple[list[RankProgram], list[Collective]]:
-    """Every rank's program (pipeline by pipeline, stage by stage) and the gradient all-reduces."""
+    """Every rank's program (pipeline by pipeline, stage by stage) and its collectives: the
+    gradient all-reduces (sharded: reduce-scatters), then the sharded buckets' all-gathers."""
     if stages is None:
         stages, _ = stage_costs(plan, cm)
     rank_of = {s.device: r for r, s in enumerate(stages)}
     collectives = []
     mine: dict[int, list[int]] = {r: [] for r in range(len(stages))}
-    # Buckets as step_cost forms them (grad_buckets order: latest layers first, tied one last);
-    # every owner joins them in that one order.
-    for c, bucket in enumerate(sync_buckets(plan, cm, stages)):
-        members = tuple(rank_of[d] for d in bucket.owners)
-        dur = allreduce_time_s(
-            bucket.bytes, len(set(bucket.owners)), group_link(cm.cluster, bucket.owners)
-        )
-        collectives.append(Collective(members, dur))
+    after: dict[int, list[int]] = {r: [] for r in range(len(stages))}
+    # Buckets as step_cost forms them (grad_buckets order: latest layers first, tied one last),
+    # with its durations; every owner joins them in that one order.
+    order = [(b.owners, b.end_s - b.start_s, False) for b in sync_buckets(plan, cm, stages)]
+    order += [(owners, seconds, True) for owners, _, _, seconds in gathers(plan, cm)]
+    for c, (owners, seconds, gather) in enumerate(order):
+        members = tuple(rank_of[d] for d in owners)
+        collectives.append(Collective(members, seconds, gather))
         for r in members:
-            mine[r].append(c)
+            (after if gather else mine)[r].append(c)
     programs, r = [], 0
     for pipe in plan.pipelines:
         n = len(pipe.stages)
         for s in range(n):
             st = stages[r]
             schedule = pipe.schedule_in(cm.train).name
-            actions = stage_actions(schedule, s, n, pipe.num_micro_batches, mine[r])
+            actions = stage_actions(
+                schedule, s, n, pipe.num_micro_batches, mine[r], gathers=after[r]
+            )
             programs.append(
                 RankProgram(
                     actions=tuple(actions),
@@ -97,7 +99,7 @@ def plan_programs(
                     next=r + 1 if s < n - 1 else None,
                     send_next_s=st.send_s,
                     send_prev_s=stages[r - 1].send_s if s > 0 else 0.0,
-                    opt_s=optimizer_time_s(cm, st),
+                    opt_s=optimizer_time_s(cm, st, plan.optimizer_shards),
                     name=f"device {st.device}",
                 )
             )
@@ -107,10 +109,10 @@ def plan_programs(
 
 def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     """Simulate one training step of `plan` event by event."""
-    if plan.sharding != "none":
+    if plan.sharding == "full":
         raise SpecError(
-            f"the simulator replays pipelines with all-reduced gradient blocks; sharding "
-            f"{plan.sharding!r} is costed by `hetpp estimate` only",
+            "the simulator replays pipelines with block-wise gradient sync; sharding 'full' "
+            "(FSDP) is costed by `hetpp estimate` only",
             field="sharding",
         )
     actions = sum(2 * len(p.stages) * p.num_micro_batches for p in plan.pipelines)
@@ -121,7 +123,7 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     pipeline_of = [s.pipeline for s in stages]
     iteration, pipes, exposed, bubble = step_times(trace, pipeline_of, len(plan.pipelines))
     compute = trace.time_per_rank((Kind.F, Kind.B, Kind.OPT))
-    sync = trace.time_per_rank((Kind.SYNC,))
+    sync = trace.time_per_rank((Kind.SYNC, Kind.GATHER))
     in_flight = trace.max_in_flight()
     peak_act = _activation_peaks(plan, cm, stages, trace)
     devices = []

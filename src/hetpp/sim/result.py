@@ -117,6 +117,6 @@ def step_times(
     fb = float(trace.time_per_rank((Kind.F, Kind.B)).sum())
     bubble = 1.0 - fb / (trace.num_ranks * compute_end) if compute_end > 0 else 0.0
     iteration = float(
-        trace.last_end_per_rank((Kind.F, Kind.B, Kind.SYNC, Kind.OPT)).max(initial=0.0)
+        trace.last_end_per_rank((Kind.F, Kind.B, Kind.SYNC, Kind.OPT, Kind.GATHER)).max(initial=0.0)
     )
     return iteration, tuple(pipes), max(0.0, sync_end - compute_end), bubble

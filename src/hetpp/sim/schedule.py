@@ -5,7 +5,9 @@ The compute order of each stage is its schedule's entry in `hetpp.specs.schedule
 preceded by the receive of its input (except on the first stage) and followed by the send of its
 output (except on the last stage); backwards mirror that in the other direction. After its last
 backward a rank joins the gradient all-reduces of the buckets it owns, in the global bucket order
-(one order on every rank, so collectives cannot deadlock), then steps its optimizer.
+(one order on every rank, so collectives cannot deadlock), then steps its optimizer; with
+optimizer sharding the all-reduces are reduce-scatters and the rank then joins each bucket's
+all-gather of updated parameters, in the same order.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from typing import Literal, NamedTuple
 
 from hetpp.specs.schedule import SCHEDULES
 
-ActionKind = Literal["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "SYNC", "OPT"]
+ActionKind = Literal["F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "SYNC", "OPT", "GATHER"]
 
 
 class Action(NamedTuple):
     """One step of a rank's program.
 
     For F, B and the sends/receives `microbatch` is the micro-batch index; for SYNC it is the
-    index of the gradient bucket (collective) in the plan's bucket list; OPT has none."""
+    index of the gradient bucket (collective) in the plan's bucket list, for GATHER (optimizer
+    sharding: the all-gather of a bucket's updated parameters) that of its collective; OPT has
+    none."""
 
     stage: int
     """Pipeline stage of the rank doing the action."""
@@ -56,10 +60,11 @@ def stage_actions(
     num_micro_batches: int,
     buckets: Sequence[int] = (),
     optimizer: bool = True,
+    gathers: Sequence[int] = (),
 ) -> list[Action]:
     """The whole program of one rank: its pipeline schedule (the registry entry's order, each
     step with its transfers), then a SYNC per bucket it owns (in the order given), then the
-    optimizer step."""
+    optimizer step, then (optimizer sharding) a GATHER per bucket it owns."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     out: list[Action] = []
@@ -69,6 +74,7 @@ def stage_actions(
     out += [Action(stage, "SYNC", b) for b in buckets]
     if optimizer:
         out.append(Action(stage, "OPT"))
+    out += [Action(stage, "GATHER", c) for c in gathers]
     return out
 
 

@@ -19,6 +19,8 @@ class Kind(IntEnum):
     """Inside a gradient all-reduce."""
     OPT = 3
     """Optimizer step."""
+    GATHER = 4
+    """Inside an all-gather of updated parameters (optimizer sharding, after OPT)."""
 
 
 @dataclass(frozen=True)

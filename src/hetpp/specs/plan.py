@@ -30,6 +30,7 @@ V1_TRAIN_FIELDS = (
     "reserve_gb",
 )
 """The TrainSpec fields a version 1 plan kept at its top level."""
+Sharding = Literal["none", "optimizer", "full"]
 
 
 class StagePlan(BaseModel):
@@ -137,15 +138,18 @@ class Plan(BaseModel):
     """The cluster the plan was made for; needed for estimates and simulation."""
     strategy: str = "manual"
     """Which planner strategy produced this plan."""
-    sharding: Literal["none", "optimizer", "full"] = "none"
-    """How model state is shared out. `none`: every pipeline keeps a full replica and gradient
-    blocks are all-reduced over their owners. `full`: heterogeneous FSDP (FSDP2
-    `fully_shard`) over all the plan's devices: every pipeline is one device holding the whole
-    layer list, trains on its own batch share (its own micro-batch size; one micro-batch count
-    for all, since every micro-batch gathers each unit on every rank), and parameters, gradients
-    and optimizer state are sharded 1/N over the N devices (the one gradient block, all layers
-    owned by every device, is reduce-scattered per FSDP unit). `optimizer` (ZeRO-1 over block
-    owners) is not built on this branch."""
+    sharding: Sharding = "none"
+    """How model state is shared out. "none": every pipeline keeps a full replica and each
+    gradient bucket (`grad_buckets`, one owner per pipeline) is all-reduced over its owners.
+    "optimizer" (ZeRO-1 over block owners): each bucket is reduce-scattered over its P owners,
+    each owner steps the optimizer on its 1/P shard (fp32 master weights and Adam state only for
+    that shard: `optimizer_bytes_per_param` drops from 12 to 12/P per parameter) and the owners
+    all-gather the updated parameters; buckets with one owner are unchanged and the tied
+    embedding/head weight stays replicated (its own all-reduce). "full": heterogeneous FSDP
+    (FSDP2 `fully_shard`) over all the plan's devices: every pipeline is one device holding the
+    whole layer list and training on its own batch share (its own micro-batch size; one
+    micro-batch count for all, since every micro-batch gathers each unit on every rank), with
+    parameters, gradients and optimizer state sharded 1/N over the N devices."""
 
     @model_validator(mode="before")
     @classmethod
@@ -180,6 +184,12 @@ class Plan(BaseModel):
     @property
     def num_devices(self) -> int:
         return sum(len(p.devices) for p in self.pipelines)
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Owners sharing each bucket's optimizer state: one per pipeline with sharding, else 1
+        (every block has one owner per pipeline)."""
+        return len(self.pipelines) if self.sharding == "optimizer" else 1
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""

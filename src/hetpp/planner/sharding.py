@@ -1,0 +1,95 @@
+"""Optimizer sharding (ZeRO-1 over block owners) as a planner choice: off, on, or where memory or
+time says so (`Problem.sharding_mode`).
+
+A strategy searches unchanged with `Problem.optimizer_shards` set: k > 1 sizes every stage as if
+each bucket's optimizer state were split k ways, which lets a plan of k or more pipelines hold
+what an unsharded one cannot. The plans it returns are costed with their own pipeline count
+(`assemble.evaluate`), so one that relied on more owners than it has and does not fit is
+dropped there. `auto` runs the unsharded search, costs its plan both ways (time), and where
+memory may have shaped it (`_memory_short`) searches sharded too; every plan found is costed
+both ways and the fastest that fits is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from hetpp.cost.memory import devices_to_hold, model_state_bytes
+from hetpp.planner.assemble import PlanResult, evaluate, unused_devices
+from hetpp.planner.problem import Problem
+from hetpp.planner.recompute import drop_unneeded_recompute
+
+SHARD_GUESSES = (2, 4)
+"""Owners per bucket the sharded searches size memory for, as multiples of the unsharded plan's
+pipeline count (at most one per device)."""
+
+Search = Callable[[Problem, float | None], PlanResult]
+"""One strategy run on a problem, with the time it may take (None: no limit)."""
+
+
+def search_with_sharding(
+    problem: Problem, search: Search, time_limit_s: float | None
+) -> PlanResult:
+    """The fastest plan over the sharding choices `problem.sharding_mode` allows. With a time
+    limit, every search after the first gets what is left of it."""
+    t0 = time.perf_counter()
+    mode = problem.sharding_mode
+    if mode == "none":
+        return search(problem, time_limit_s)
+
+    def left() -> float | None:
+        return None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
+
+    base = search(replace(problem, optimizer_shards=1), time_limit_s)
+    found = _both_ways(problem, base, keep_unsharded=mode == "auto")
+    if mode == "optimizer" or _memory_short(problem, base):
+        pipes = len(base.plan.pipelines) if base.feasible else 1
+        for k in sorted({min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}):
+            if k == 1:
+                continue
+            got = search(replace(problem, optimizer_shards=k), left())
+            found += _both_ways(problem, got, keep_unsharded=mode == "auto")
+    best = min(found, key=lambda r: r.iteration_time_s, default=None)
+    elapsed = time.perf_counter() - t0
+    if best is None:
+        return replace(base, search_time_s=elapsed)
+    return replace(best, search_time_s=elapsed)
+
+
+def _both_ways(problem: Problem, result: PlanResult, keep_unsharded: bool) -> list[PlanResult]:
+    """`result`'s plan costed with and (`keep_unsharded`, or one pipeline: nothing to shard)
+    without sharding, where it fits."""
+    if not result.feasible:
+        return []
+    if result.plan.sharding == "full":  # FSDP shards everything already
+        return [result]
+    out = []
+    choices = ["none"] if keep_unsharded or len(result.plan.pipelines) == 1 else []
+    if len(result.plan.pipelines) > 1:
+        choices.append("optimizer")
+    for sharding in choices:
+        if sharding == result.plan.sharding:
+            plan, step = result.plan, result.step
+        else:  # sharded, a stage may fit without recomputation
+            plan = result.plan.model_copy(update={"sharding": sharding})
+            plan = drop_unneeded_recompute(problem, plan)
+            step = evaluate(problem, plan)
+        if step.fits:
+            out.append(replace(result, plan=plan, step=step))
+    return out
+
+
+def _memory_short(problem: Problem, result: PlanResult) -> bool:
+    """Whether memory may have shaped the unsharded plan: none fits, a stage recomputes,
+    devices are left unused, or the model's state does not fit its largest device alone (so
+    pipelines are at least as deep as memory makes them)."""
+    if not result.feasible:
+        return True
+    plan = result.plan
+    recomputes = any(st.recomputes(plan.train) for p in plan.pipelines for st in p.stages)
+    cm = problem.cost_model(False, shards=1)
+    largest = max(d.gpu.memory_bytes for d in problem.cluster.devices)
+    deep = (devices_to_hold(model_state_bytes(cm.model, cm.train), largest, cm.train) or 2) > 1
+    return recomputes or deep or bool(unused_devices(problem, plan))

@@ -1,0 +1,75 @@
+"""The flat shard layout of one bucket over its owners (no process group needed)."""
+
+import torch
+
+from hetpp.runtime.shard import BucketShard, ShardedStep
+
+
+def _params() -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    return [
+        torch.nn.Parameter(torch.randn(*s, dtype=torch.float64)) for s in ((3, 4), (5,), (2, 3))
+    ]
+
+
+def _index(params, p) -> int:
+    return next(i for i, q in enumerate(params) if q is p)
+
+
+def test_shards_cover_every_element_once_and_pad_the_last():
+    params = _params()  # 12 + 5 + 6 = 23 elements over 3 owners: shards of 8, the last padded
+    owners = (7, 2, 5)
+    shards = [BucketShard(params, owners, r) for r in owners]
+    assert [(s.size, s.padded, s.numel) for s in shards] == [(8, 24, 23)] * 3
+    spans = [
+        [(_index(params, p.param), p.start, p.end, p.offset) for p in s.pieces] for s in shards
+    ]
+    assert spans == [
+        [(0, 0, 8, 0)],
+        [(0, 8, 12, 0), (1, 0, 4, 4)],
+        [(1, 4, 5, 0), (2, 0, 6, 1)],
+    ]
+    for s in shards:  # pieces are views: stepping them writes the parameters
+        for p in s.pieces:
+            assert p.view.data_ptr() == p.param.data_ptr() + p.start * 8
+    flat = shards[0].flat(params, torch.float64)
+    assert flat.shape == (24,) and flat[23] == 0
+    assert torch.equal(flat[:12], params[0].detach().reshape(-1))
+    mine = shards[2].shard([p.view for p in shards[2].pieces], torch.float64)
+    assert torch.equal(mine, torch.cat([flat[16:23], torch.zeros(1, dtype=torch.float64)]))
+    back = shards[1].unflatten(flat)
+    assert all(torch.equal(b, p.detach()) for b, p in zip(back, params))
+
+
+def test_pieces_keep_their_parameters_decay_group():
+    params = _params()
+    step = ShardedStep([(BucketShard(params[:2], (0, 1), 1), None)])
+    whole = torch.nn.Parameter(torch.zeros(4, 4))
+    got, decays = step.optimizer_params([whole, *params[:2]])
+    assert got[0] is whole and len(got) == 3  # the unsharded one whole, then two pieces
+    assert [decays[p] for p in got] == [True, True, False]  # piece of the 3x4 matrix decays
+
+
+def test_contract_runs_fp32_sharded_plans_and_refuses_mixed_precision_ones():
+    import pytest
+
+    from hetpp.runtime.contract import check_executable
+    from hetpp.specs import PRESETS, Plan
+    from hetpp.specs.errors import SpecError
+
+    def plan(precision: str) -> Plan:
+        one = {"stages": [{"devices": [0], "layers": [0, 6]}], "micro_batch_size": 1}
+        two = {"stages": [{"devices": [1], "layers": [0, 6]}], "micro_batch_size": 1}
+        return Plan(
+            train={"global_batch": 2, "seq_len": 16, "precision": precision},
+            model=PRESETS["tiny-llama"],
+            sharding="optimizer",
+            pipelines=[{**one, "num_micro_batches": 1}, {**two, "num_micro_batches": 1}],
+        )
+
+    check_executable(plan("fp32"))
+    check_executable(plan("fp32"), fp64=True)
+    for precision in ("bf16", "fp16"):
+        with pytest.raises(SpecError, match="fp32 master weights") as e:
+            check_executable(plan(precision))
+        assert e.value.field == "sharding"
