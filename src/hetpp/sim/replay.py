@@ -111,8 +111,8 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     """Simulate one training step of `plan` event by event."""
     if plan.sharding == "full":
         raise SpecError(
-            "the simulator replays pipelines with block-wise gradient sync; sharding 'full' "
-            "(FSDP) is costed by `hetpp estimate` only",
+            "the simulator replays pipelines with block-wise gradient sync; sharding 'full' is "
+            "costed by `hetpp estimate` only (FSDP)",
             field="sharding",
         )
     actions = sum(2 * len(p.stages) * p.num_micro_batches for p in plan.pipelines)
