@@ -5,12 +5,17 @@ times, so it cannot reach layouts of several different mixed shapes, which the e
 finds: two 4 A100 + 4 L40S pipelines lose 4% to one 4 + 3 and one 4 + 5 (the second takes
 more micro-batches). Hill climbing over single-device moves reaches them cheaply: each move
 changes one or two pipelines by one device, re-split with the composition's best stage order
-(`ShapeContext.best`, cached), and the layout is ranked by the same estimate as the search
-(balanced closed form plus the sync and optimizer tail).
+(`ShapeContext.orders`, cached: the best `ORDERS` of them), and the layout is ranked by the same
+estimate as the search (balanced closed form plus the sync and optimizer tail). Two devices of
+different types can also trade places between pipelines. Both were added for 3 A100 + 5 V100 +
+7 T4 (gpt3-2.7b), where the exact search's 4 T4 + A100, 2 T4 + A100 + V100 and T4 + 4 V100 +
+A100 (T4s in front, a cut at layer 8 shared by all three, so the gradient buckets stay apart)
+take second-best orders and trades the one-device moves with best orders never make.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from hetpp.planner.layout import Layout, layout_time
@@ -20,6 +25,8 @@ from hetpp.planner.tail import layout_tail
 
 ROUNDS = 12
 """Most improving moves taken from one start."""
+ORDERS = 2
+"""Stage orders tried per composition (best by bottleneck and fill first)."""
 
 
 def estimate(ctx: ShapeContext, layout: Layout) -> float:
@@ -46,7 +53,8 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
 def _neighbours(ctx: ShapeContext, layout: Layout) -> Iterator[Layout]:
     """Every layout one device away: a copy of a template gains or loses a device of one type
     (from or to the idle ones), two copies of one template become one with a device less and
-    one with a device more, or a device moves from a copy of one template to one of another."""
+    one with a device more, a device moves from a copy of one template to one of another, or
+    two devices of different types trade places between two copies."""
     comps = [composition(ctx, t) for t, _ in layout]
     idle = [n - sum(c[j] * k for c, (_, k) in zip(comps, layout)) for j, n in enumerate(ctx.counts)]
     budget = ctx.problem.micro_batches(ctx.mbs) if _budgeted(ctx) else 1 << 40
@@ -63,6 +71,19 @@ def _neighbours(ctx: ShapeContext, layout: Layout) -> Iterator[Layout]:
             for o, d in enumerate(comps):
                 if o != i and shrink:
                     yield from _replace(ctx, layout, {i: 1, o: 1}, [shrink, _shifted(d, j, +1)])
+    yield from _swaps(ctx, layout, comps)
+
+
+def _swaps(ctx: ShapeContext, layout: Layout, comps: list[tuple[int, ...]]) -> Iterator[Layout]:
+    """A device of type j from a copy of entry i trades places with one of type k from a copy
+    of entry o (o may be i when it has two copies)."""
+    types = range(len(ctx.keys))
+    for (i, c), (o, d) in itertools.combinations_with_replacement(enumerate(comps), 2):
+        take = {i: 2} if i == o else {i: 1, o: 1}
+        for j, k in itertools.permutations(types, 2):
+            a, b = _shifted(c, j, -1), _shifted(d, k, -1)
+            if a and b:
+                yield from _replace(ctx, layout, take, [_shifted(a, k, +1), _shifted(b, j, +1)])
 
 
 def _budgeted(ctx: ShapeContext) -> bool:
@@ -83,18 +104,20 @@ def _replace(
     `add` (nothing if one has no feasible split or exceeds the layers)."""
     if any(layout[i][1] < n for i, n in take.items()):
         return
-    new: list[TemplateCost] = []
+    choices: list[list[TemplateCost]] = []
     for comp in add:
         if comp is None or sum(comp) > ctx.layer_list_len:
             return
-        t = ctx.best(comp)
-        if t is None:
+        found = ctx.orders(comp)[:ORDERS]
+        if not found:
             return
-        new.append(t)
-    out: dict[TemplateCost, int] = {}
+        choices.append(found)
+    kept: dict[TemplateCost, int] = {}
     for i, (t, k) in enumerate(layout):
         if k - take.get(i, 0):
-            out[t] = out.get(t, 0) + k - take.get(i, 0)
-    for t in new:
-        out[t] = out.get(t, 0) + 1
-    yield list(out.items())
+            kept[t] = kept.get(t, 0) + k - take.get(i, 0)
+    for new in itertools.product(*choices):
+        out = dict(kept)
+        for t in new:
+            out[t] = out.get(t, 0) + 1
+        yield list(out.items())
