@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from hetpp.planner.assemble import layout_key
 from hetpp.planner.layout import Layout, layout_time
 from hetpp.planner.multisets import composition
 from hetpp.planner.shapes import ShapeContext, TemplateCost
@@ -40,9 +41,19 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
     """The layouts a hill climb from `layout` passes through, each better than the one
     before (empty when no move improves the estimate)."""
     best, path = estimate(ctx, layout), []
+    seen: dict[tuple, float] = {}  # neighbours recur from round to round
+    total = ctx.problem.micro_batches(ctx.mbs)
     for _ in range(ROUNDS):
-        scored = [(estimate(ctx, n), n) for n in _neighbours(ctx, layout)]
-        scored = [(e, n) for e, n in scored if e < best * (1 - 1e-9)]
+        scored = []
+        for n in _neighbours(ctx, layout):
+            key = layout_key(n)
+            if key not in seen:
+                # The tail is never negative: a layout whose balanced time alone does not beat
+                # the best cannot win, now or in a later round (the best only falls).
+                t = layout_time(n, total, use_tail=False)
+                seen[key] = t + layout_tail(ctx, n) if t < best * (1 - 1e-9) else t
+            if seen[key] < best * (1 - 1e-9):
+                scored.append((seen[key], n))
         if not scored:
             break
         best, layout = min(scored, key=lambda x: x[0])
