@@ -1,98 +1,114 @@
 """hpp search time at 64, 1024 and 8192 GPUs, median of repeats, optionally against an older
-placement side by side.
+tree side by side.
 
-    .venv/bin/python bench/search_speed.py [--repeat 3] [--against 63c9db2]
+    .venv/bin/python bench/search_speed.py [--repeat 3] [--against 7e505cc] [--sizes 64 1024]
 
 Clusters: `lab-64` and `mega-1024` from the planner suite, and `mega-1024` with every node group
-8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU. `--against REF` loads
-`planner/placement.py` as it was at git commit REF (`git show`) and times the search with it
-too, alternating old and new runs so that the shared machine's load hits both alike; it prints
-new/old ratios.
+8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU. Each search runs in a
+fresh subprocess and is timed inside it (imports excluded), in wall-clock and in CPU seconds
+(the machine is shared: CPU time is what load inflates least). `--against REF` unpacks `src/` as it
+was at git commit REF (`git archive`) and times the same searches with it, alternating old and
+new runs so that the shared machine's load hits both alike; it prints new/old ratios and whether
+the two found plans of the same cost.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-import hetpp.planner.assemble as assemble
-from hetpp.planner import Problem, plan
-from hetpp.specs import Cluster, TrainSpec, load_model
-
 HERE = Path(__file__).parent
 MODEL, SEQ, SAMPLES_PER_GPU = "gpt3-13b", 2048, 4
 
 
-def clusters() -> list[Cluster]:
-    """64, 1024 and 8192 GPUs."""
+def clusters() -> dict[int, dict]:
+    """Cluster files by GPU count: 64, 1024 and 8192."""
     lab = yaml.safe_load((HERE / "scenarios" / "lab-64.yaml").read_text())
     mega = yaml.safe_load((HERE / "scenarios" / "mega-1024.yaml").read_text())
     huge = {**mega, "name": "mega-8192"}
     huge["nodes"] = [{**g, "count": g["count"] * 8} for g in mega["nodes"]]
-    return [Cluster.model_validate(c) for c in (lab, mega, huge)]
+    return {64: lab, 1024: mega, 8192: huge}
 
 
-def old_place(ref: str):
-    """`place` from planner/placement.py at git commit `ref`."""
-    src = subprocess.run(
-        ["git", "show", f"{ref}:src/hetpp/planner/placement.py"],
-        cwd=HERE.parent,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "old_placement.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("old_placement", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.place
+def _one(cluster: dict) -> None:
+    """Child process: one search, its time and plan cost as JSON on stdout."""
+    from hetpp.planner import Problem, plan
+    from hetpp.specs import Cluster, TrainSpec, load_model
 
-
-def time_search(cluster: Cluster, place) -> tuple[float, float]:
-    """(search seconds, iteration time of the plan) with `place` as the placement."""
+    cl = Cluster.model_validate(cluster)
     spec = load_model(MODEL, SEQ)
-    batch = SAMPLES_PER_GPU * cluster.num_devices
-    saved, assemble.place = assemble.place, place
-    try:
-        t0 = time.perf_counter()
-        r = plan(Problem(spec, cluster, TrainSpec(global_batch=batch, seq_len=SEQ)))
-        return time.perf_counter() - t0, r.iteration_time_s
-    finally:
-        assemble.place = saved
+    train = TrainSpec(global_batch=SAMPLES_PER_GPU * cl.num_devices, seq_len=SEQ)
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = plan(Problem(spec, cl, train))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"time_s": wall, "cpu_s": cpu, "step_s": r.iteration_time_s}))
+
+
+def time_search(cluster: dict, src: Path) -> tuple[float, float, float]:
+    """(search seconds, its CPU seconds, iteration time of the plan) with the package under
+    `src`."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import search_speed as s; "
+    code += f"s._one({cluster!r})"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    return got["time_s"], got["cpu_s"], got["step_s"]
+
+
+def unpack(ref: str) -> Path:
+    """`src/` as it was at git commit `ref`, in a temporary folder."""
+    tmp = Path(tempfile.mkdtemp())
+    tar = tmp / "src.tar"
+    with open(tar, "wb") as f:
+        subprocess.run(["git", "archive", ref, "src"], cwd=HERE.parent, check=True, stdout=f)
+    with tarfile.open(tar) as t:
+        t.extractall(tmp, filter="data")
+    return tmp / "src"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--against", help="git commit whose placement to time side by side")
+    ap.add_argument("--against", help="git commit whose src/ to time side by side")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 8192])
     args = ap.parse_args(argv)
-    variants = {"new": assemble.place}
+    variants = {"new": HERE.parent / "src"}
     if args.against:
-        variants["old"] = old_place(args.against)
-    for cl in clusters():
+        variants["old"] = unpack(args.against)
+    every = clusters()
+    for size in args.sizes:
+        cl = every[size]
         times: dict[str, list[float]] = {k: [] for k in variants}
+        cpus: dict[str, list[float]] = {k: [] for k in variants}
         steps: dict[str, float] = {}
         for _ in range(args.repeat):
-            for name, place in variants.items():
-                t, steps[name] = time_search(cl, place)
+            for name, src in variants.items():
+                t, c, steps[name] = time_search(cl, src)
                 times[name].append(t)
+                cpus[name].append(c)
         med = {k: statistics.median(v) for k, v in times.items()}
-        line = f"{cl.name:>10} {cl.num_devices:>5} GPUs: " + ", ".join(
-            f"{k} median {med[k]:.2f} s (runs {' '.join(f'{x:.2f}' for x in times[k])})"
+        cpu = {k: statistics.median(v) for k, v in cpus.items()}
+        line = f"{cl['name']:>10} {size:>5} GPUs: " + ", ".join(
+            f"{k} median {med[k]:.2f} s, CPU {cpu[k]:.2f} s "
+            f"(runs {' '.join(f'{x:.2f}' for x in times[k])})"
             for k in variants
         )
         if "old" in med:
             same = "same plan cost" if steps["old"] == steps["new"] else "PLAN COST DIFFERS"
-            line += f"; new/old {med['new'] / med['old']:.2f} ({same})"
+            line += f"; new/old {med['new'] / med['old']:.2f}, CPU {cpu['new'] / cpu['old']:.2f}"
+            line += f" ({same}: {steps['new']:.4f} s vs {steps['old']:.4f} s)"
         print(line, flush=True)
     return 0
 

@@ -52,7 +52,7 @@ def test_the_costed_spec_is_the_built_model(family):
     spec = ModelSpec(config=c, seq_len=16)
     assert spec.total_params == sum(p.numel() for p in hf.parameters())
     full = StageModule(c, 0, c.num_layers + 2, seed=0, dtype=torch.float32)
-    assert sum(p.numel() for p in full.parameters()) == spec.total_params
+    assert sum(p.numel() for p in full.parameters()) == spec.built_params
     for layer in spec.layers:
         assert sum(p.numel() for _, p in full.own_parameters(layer.index)) == layer.params
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 from hfmodels import make_hf_model
+from safetensors import safe_open
 
-from hetpp.runtime.hf_weights import INDEX_FILE, HfFolder, load_stage
+from hetpp.runtime.hf_weights import INDEX_FILE, SINGLE_FILE, HfFolder, export_stage, load_stage
 from hetpp.runtime.model import StageModule
 from hetpp.specs import PRESETS, SpecError
 from hetpp.specs.presets import check_folder_model, load_model_config
@@ -56,3 +57,22 @@ def test_a_missing_tensor_names_it(tmp_path, sharded):
     head = StageModule(c, c.num_layers + 1, c.num_layers + 2, seed=0, dtype=torch.float32)
     with pytest.raises(SpecError, match=r"tensor model\.norm\.weight is missing"):
         load_stage(head, tmp_path)
+
+
+def test_import_pads_the_vocabulary_and_export_drops_the_padding(sharded, tmp_path):
+    folder, model = sharded
+    c = load_model_config(folder)
+    assert (c.vocab_size, c.padded_vocab) == (67, 128)
+    full = StageModule(c, 0, c.num_layers + 2, seed=0, dtype=torch.float32)
+    load_stage(full, folder)
+    hf = dict(model.named_parameters())
+    for w, name in (
+        (full.layer(0).tok.weight, "model.embed_tokens.weight"),
+        (full.layer(c.num_layers + 1).lm_head.weight, "lm_head.weight"),
+    ):
+        assert w.shape == (128, c.hidden_size) and not w[67:].any()
+        assert torch.equal(w[:67], hf[name])
+    export_stage(full, tmp_path / "out")
+    with safe_open(tmp_path / "out" / SINGLE_FILE, "pt") as f:
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert torch.equal(f.get_tensor(name), hf[name])

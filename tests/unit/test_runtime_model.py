@@ -34,7 +34,7 @@ def test_a_full_model_owns_each_parameter_once(name):
     spec = ModelSpec(config=c, seq_len=32)
     for layer in spec.layers:
         assert sum(p.numel() for _, p in full.own_parameters(layer.index)) == layer.params
-    assert _numel(full) == spec.total_params
+    assert _numel(full) == spec.built_params
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -88,3 +88,31 @@ def test_loss_is_the_sum_of_token_cross_entropies_in_the_logits_dtype():
     assert loss.dtype == torch.float64
     torch.testing.assert_close(loss, expect)
     assert token_loss_sum(logits.bfloat16(), targets).dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_a_padded_vocabulary_trains_as_the_unpadded_model(name):
+    # 200 tokens: padded to 256 by default; vocab_multiple=1 builds the unpadded model.
+    padded = PRESETS[name].model_copy(update={"vocab_size": 200})
+    plain = padded.model_copy(update={"vocab_multiple": 1})
+    assert (padded.padded_vocab, plain.padded_vocab) == (256, 200)
+    x = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    models = [StageModule(c, 0, c.num_layers + 2, 0, torch.float64) for c in (padded, plain)]
+    losses = []
+    for m in models:
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+        for _ in range(2):  # the second step runs on weights the first one updated
+            opt.zero_grad()
+            logits = m(x)
+            assert logits.shape == (2, 16, 200)
+            loss = token_loss_sum(logits[:, :-1], x[:, 1:])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    # Same draws for the real rows, the padding's logits cut before the loss: the same losses.
+    assert losses[:2] == pytest.approx(losses[2:], rel=1e-12, abs=0)
+    emb = models[0].layer(0).tok.weight
+    assert emb.shape == (256, padded.hidden_size) and not emb[200:].any()
+    head = models[0].layer(padded.num_layers + 1).lm_head.weight
+    assert head.shape == (256, padded.hidden_size) and not head[200:].any()
+    torch.testing.assert_close(emb[:200], models[1].layer(0).tok.weight, rtol=1e-10, atol=1e-12)

@@ -50,8 +50,25 @@ def test_layer_list_shape_and_flops():
     assert blk.fwd_flops_per_token == 2 * 12 * h * h + 4 * s * h
     assert blk.send_bytes_per_sample == s * h * 2
     assert blk.saved_bytes_recompute_per_sample == s * h * 2
-    # Tied head: the stage holding it stores the matrix, the model counts it once.
-    assert m.layers[-1].params == 2 * h and m.layers[-1].stored_params == 2 * h + 50257 * h
+    # Tied head: the stage holding it stores the matrix, the model counts it once. The matrix
+    # has 50257 rounded up to 393 x 128 = 50304 rows; the padding is built, not published.
+    assert m.layers[-1].params == 2 * h and m.layers[-1].stored_params == 2 * h + 50304 * h
+    assert m.layers[-1].fwd_flops_per_token == 2 * h * 50304
+    assert m.layers[0].padding_params == 47 * h
+    assert m.built_params == m.total_params + 47 * h
+
+
+def test_vocab_multiple_one_turns_padding_off():
+    c = load_model("gpt3-1.3b", 2048).config
+    assert (c.padded_vocab, c.model_copy(update={"vocab_multiple": 1}).padded_vocab) == (
+        50304,
+        50257,
+    )
+    off = ModelSpec(config=c.model_copy(update={"vocab_multiple": 1}), seq_len=2048)
+    assert off.built_params == off.total_params == load_model("gpt3-1.3b", 2048).total_params
+    assert off.layers[-1].fwd_flops_per_token == 2 * 2048 * 50257
+    # An aligned vocabulary (Llama-2's 32000 = 250 x 128) is not padded.
+    assert load_model("llama2-7b", 2048).config.padded_vocab == 32000
 
 
 def test_gpt_saved_activations_match_h200_measurement():

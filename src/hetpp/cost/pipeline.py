@@ -35,13 +35,30 @@ def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
     best = max(work)
     if not any(c):  # a window's mean never exceeds its slowest stage
         return float(best)
-    # O(S^2) over windows; plain Python beats numpy's call overhead at pipeline depths
+    if len(work) >= NUMPY_WINDOWS:
+        return _lockstep_beat_numpy(np.array(work), np.array(c))
+    # O(S^2) over windows; plain Python beats numpy's call overhead at small depths
     for s in range(len(work) - 1):
         total = work[s]
         for t in range(s + 1, len(work)):
             total += work[t] + 2 * c[t - 1]
             best = max(best, total / (t - s + 1))
     return float(best)
+
+
+NUMPY_WINDOWS = 20
+"""Pipeline depth from which `_lockstep_beat` runs its windows as one numpy cumulative sum."""
+
+
+def _lockstep_beat_numpy(work: np.ndarray, comm: np.ndarray) -> float:
+    """`_lockstep_beat`'s windows as an S x S array: row s holds stage s's work, then each later
+    stage's work plus its two transfers, summed left to right (`cumsum` accumulates in order,
+    so every window total rounds as the loop's does)."""
+    n = len(work)
+    step = np.concatenate([[0.0], work[1:] + 2 * comm])
+    totals = np.cumsum(np.triu(np.broadcast_to(step, (n, n)), 1) + np.diag(work), axis=1)
+    span = np.arange(n)[None, :] - np.arange(n)[:, None] + 1
+    return float(np.where(span > 0, totals / np.maximum(span, 1), -np.inf).max())
 
 
 def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:

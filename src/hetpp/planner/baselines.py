@@ -94,8 +94,12 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     """Homogeneous pipelines, one depth per GPU type, equal layers, balanced batch shares."""
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
-    cands = []
-    for rc, mbs in ws.settings():
+    cands: list[Draft] = []
+    for rc, mbs in _settings(problem, ws):
+        # As the other baselines: a setting whose optimistic bound cannot beat the best
+        # estimate so far is skipped (building every depth of every type is its whole cost).
+        if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
+            continue
         ctx = ws.context(rc, mbs)
         total = problem.micro_batches(mbs)
         items = {}

@@ -207,18 +207,15 @@ class CountDP:
         radix = np.cumprod([1, *[n + 1 for n in counts[:-1]]])
         states = list(itertools.product(*[range(n + 1) for n in reversed(counts)]))
         self.states = [tuple(reversed(s)) for s in states]  # flat index order
-        flat = {s: int(np.dot(s, radix)) for s in self.states}
-        comp_flat = [int(np.dot(c, radix)) for c, _ in templates]
+        grid = np.array(self.states, dtype=int).reshape(len(self.states), len(counts))
+        comps = np.array([c for c, _ in templates], dtype=int).reshape(len(templates), -1)
+        fits = (comps[None, :, :] <= grid[:, None, :]).all(axis=2)  # state x template
+        flat, comp_flat = grid @ radix, comps @ radix
         self.apply: list[tuple[np.ndarray, np.ndarray]] = []
-        for s in self.states:
-            idx = [i for i, (c, _) in enumerate(templates) if all(a <= b for a, b in zip(c, s))]
-            self.apply.append(
-                (
-                    np.array(idx, dtype=int),
-                    np.array([flat[s] - comp_flat[i] for i in idx], dtype=int),
-                )
-            )
-        size = np.array([sum(s) for s in self.states])
+        for i in range(len(self.states)):
+            idx = np.flatnonzero(fits[i])
+            self.apply.append((idx, flat[i] - comp_flat[idx]))
+        size = grid.sum(axis=1)
         self.allowed = size <= total if device_budget else np.ones(len(size), dtype=bool)
 
     def __call__(

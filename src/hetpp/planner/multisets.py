@@ -41,12 +41,24 @@ def count_multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> in
     shape = tuple(n + 1 for n in counts)
     ways = np.zeros(shape, dtype=float)
     ways[(0,) * len(shape)] = 1
-    states = list(itertools.product(*[range(n) for n in shape]))
     for c in comps:
-        for v in states:  # ascending, so v - c is final for this coin when v is reached
-            if all(a >= b for a, b in zip(v, c)):
-                ways[v] += ways[tuple(a - b for a, b in zip(v, c))]
+        # ways[v] += ways[v - c] for v ascending (v - c already counts this coin): slabs of
+        # c[i] along one axis i with c[i] > 0 depend only on the slabs below them.
+        i = next(j for j, x in enumerate(c) if x)
+        for lo in range(0, shape[i] - c[i], c[i]):
+            hi = min(lo + c[i], shape[i] - c[i])
+            ways[_slab(shape, c, i, lo, hi, c)] += ways[_slab(shape, c, i, lo, hi, None)]
     return int(ways.sum()) - 1
+
+
+def _slab(shape, c, i, lo, hi, shift) -> tuple[slice, ...]:
+    """Entries v whose v[i] - lo is in [0, hi - lo) and v - c is in the grid, offset by `shift`
+    (the coin: the entries that receive) or not (the entries they add)."""
+    out = []
+    for j, (n, x) in enumerate(zip(shape, c)):
+        off = shift[j] if shift else 0
+        out.append(slice(lo + off, hi + off) if j == i else slice(off, n - x + off))
+    return tuple(out)
 
 
 def multisets(comps: list[tuple[int, ...]], counts: tuple[int, ...]) -> list[Multiset]:

@@ -140,7 +140,7 @@ class Problem:
     def type_keys(self) -> list[str]:
         return list(self.pools)
 
-    @property
+    @cached_property
     def num_nodes(self) -> int:
         return len({d.node for d in self.cluster.devices})
 

@@ -57,10 +57,17 @@ class TemplateCost:
     1F1B; GPipe keeps all in flight)."""
     tail_s: float
     """Estimated gradient sync that sticks out past the pipeline, plus the optimizer step."""
+    opt_s: tuple[float, ...]
+    """Optimizer step of each stage (`hetpp.cost.sync.optimizer_step_s`)."""
 
     @property
     def num_stages(self) -> int:
         return len(self.bounds) - 1
+
+    @cached_property
+    def done_s(self) -> tuple[float, ...]:
+        """When each stage finishes its last backward, relative to the pipeline's end (0)."""
+        return tuple(backward_done_s(self.bwd_s, self.comm_s, 0.0))
 
     @cached_property
     def stage_keys(self) -> tuple[str, ...]:
@@ -178,8 +185,8 @@ class ShapeContext:
         hi = UNBOUNDED
         if not spec.bounded_in_flight:  # every micro-batch in flight: memory caps m
             hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
-        tail = self._tail(keys, bounds, bwd, comm)
-        return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail)
+        tail, opt = self._tail(keys, bounds, bwd, comm)
+        return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail, opt)
 
     def best_links(self, runs: Runs) -> list[Link]:
         """Links between consecutive stages when each run is packed into whole nodes."""
@@ -195,10 +202,11 @@ class ShapeContext:
                 out.append(hop_link(cl, False, pool.intra_bw_bytes_per_s))
         return out
 
-    def _tail(self, keys, bounds, bwd, comm) -> float:
-        """Exposed sync + optimizer estimate: each stage all-reduces its gradients with its
-        peers in the other pipelines once it is done; stage s is done earlier than the pipeline
-        end by the backward and transfer times of the stages before it."""
+    def _tail(self, keys, bounds, bwd, comm) -> tuple[float, tuple[float, ...]]:
+        """Exposed sync + optimizer estimate, and each stage's optimizer step: each stage
+        all-reduces its gradients with its peers in the other pipelines once it is done; stage
+        s is done earlier than the pipeline end by the backward and transfer times of the
+        stages before it. Elementwise over the stages (numpy)."""
         train, pools = self.cm.train, self.problem.pools
         replicas = self.problem.cluster.num_devices // len(keys)
         link = ring_link(
@@ -206,15 +214,14 @@ class ShapeContext:
             (pools[k].intra_bw_bytes_per_s for k in keys),
             self.problem.num_nodes > 1,
         )
-        exposed, opt = 0.0, 0.0
-        done = backward_done_s(bwd, comm, 0.0)  # before the pipeline's end (0)
-        for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-            grads = self.params.synced(a, b) * train.grad_bytes_per_param
-            sync = allreduce_time_s(grads, replicas, link)
-            bw = pools[keys[s]].gpu.mem_bw_bytes_per_s
-            opt = max(opt, optimizer_step_s(state_bytes(self.params.stored(a, b), train), bw))
-            exposed = max(exposed, sync + done[s])
-        return exposed + opt
+        spans = list(itertools.pairwise(bounds))
+        grads = np.array([self.params.synced(a, b) for a, b in spans])
+        stored = np.array([self.params.stored(a, b) for a, b in spans])
+        sync = allreduce_time_s(grads * train.grad_bytes_per_param, replicas, link)
+        bw = np.array([pools[k].gpu.mem_bw_bytes_per_s for k in keys])
+        opt = optimizer_step_s(state_bytes(stored, train), bw)
+        done = np.array(backward_done_s(bwd, comm, 0.0))  # before the pipeline's end (0)
+        return float((sync + done).max() + opt.max()), tuple(opt.tolist())
 
 
 def _pareto(found: list[TemplateCost], keep_all: bool = False) -> list[TemplateCost]:

@@ -16,8 +16,7 @@ import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s, ring_link, ring_pass_time_s
 from hetpp.cost.params import tied_copy_params
-from hetpp.cost.pipeline import backward_done_s
-from hetpp.cost.sync import optimizer_step_s, run_buckets, state_bytes, step_end_s
+from hetpp.cost.sync import run_buckets, step_end_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost
 from hetpp.specs.cluster import Link
 
@@ -33,9 +32,7 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     link = _sync_link(ctx, layout)
     # Each (template, stage) is done before the pipelines' common end (0).
     done: dict[Group, float] = {
-        (i, s): d
-        for i, (t, _) in enumerate(layout)
-        for s, d in enumerate(backward_done_s(t.bwd_s, t.comm_s, 0.0))
+        (i, s): d for i, (t, _) in enumerate(layout) for s, d in enumerate(t.done_s)
     }
     cuts = sorted({c for t, _ in layout for c in t.bounds})
     stage = [np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout]
@@ -62,14 +59,7 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     ]
     order += _tied(ctx, layout, link)
     _, free = run_buckets(order, done)
-    opt = {
-        (i, s): optimizer_step_s(
-            state_bytes(ctx.params.stored(a, b), train),
-            ctx.problem.pools[t.stage_keys[s]].gpu.mem_bw_bytes_per_s,
-        )
-        for i, (t, _) in enumerate(layout)
-        for s, (a, b) in enumerate(itertools.pairwise(t.bounds))
-    }
+    opt = {(i, s): x for i, (t, _) in enumerate(layout) for s, x in enumerate(t.opt_s)}
     return step_end_s(free, dict.fromkeys(free, 0.0), opt, gathers)
 
 

@@ -22,9 +22,11 @@ depends on what the layer is (`traffic_bytes`):
   tensor-core fast path (its GEMM ran at 11-13% of peak once the norm and loss passes are taken
   out, where the blocks reach 67-73%). Fitted on, they priced every head, Llama's aligned 32000
   and 128256 included, at that rate (2.5-15 blocks per head on an A100). They stay in the data as
-  the measurement of an unpadded head (`unpadded_head_efficiency`); the estimate is that of a
-  head whose vocabulary is a multiple of the GEMM tile, as Megatron and llm-foundry pad it
-  (hetpp's runtime does not pad yet).
+  the measurement of an unpadded head (`unpadded_head_efficiency`, read with `vocab_multiple=1`,
+  as the rows were measured); the estimate is that of a head whose vocabulary is padded to a
+  multiple of the GEMM tile, as Megatron and llm-foundry pad it and as hetpp's runtime builds it
+  (`ModelConfig.vocab_multiple`, default 128: its FLOPs and logits writes are those of
+  `padded_vocab`).
 
 Other GPUs reuse the H200 coefficients with their own P and W, the usual transfer assumption of
 roofline models (`bench/published.py` checks it against published throughput).
@@ -100,13 +102,14 @@ def traffic_bytes(layer: LayerSpec, model: ModelSpec, mbs: float) -> tuple[float
         bwd = layer.stored_params * d + tokens * h * d * 3 * gathers
         return fwd, bwd
     logits = tokens * model.config.vocab_size
+    padded = tokens * model.config.padded_vocab
     upcast = d + LOSS_BYTES if d < LOSS_BYTES else 0
     norm_fwd, norm_bwd = 2 * tokens * h * d, 3 * tokens * h * d
-    # Forward: the GEMM writes the logits, the upcast copies them to fp32, log-softmax reads them
-    # (max and sum in one pass) and writes its output. Backward: the loss writes its gradient,
-    # log-softmax's backward reads it and its output and writes the logits' gradient, which is
-    # cast back to the activation dtype for the GEMM.
-    fwd = logits * (d + upcast + 2 * LOSS_BYTES) + norm_fwd
+    # Forward: the GEMM writes the padded logits, the upcast copies the real ones to fp32,
+    # log-softmax reads them (max and sum in one pass) and writes its output. Backward: the loss
+    # writes its gradient, log-softmax's backward reads it and its output and writes the logits'
+    # gradient, which is cast back to the activation dtype (and padded) for the GEMM.
+    fwd = padded * d + logits * (upcast + 2 * LOSS_BYTES) + norm_fwd
     bwd = logits * (LOSS_BYTES + 3 * LOSS_BYTES + upcast) + norm_bwd
     return fwd, bwd
 
@@ -174,6 +177,7 @@ def _gpt_layer_model(r: dict[str, str]) -> ModelSpec:
         ffn_hidden_size=4 * h,
         max_seq_len=int(r["seq"]),
         position="rope",
+        vocab_multiple=1,  # measured as built then: nn.Embedding / nn.Linear over 50257
     )
     return ModelSpec(config=cfg, seq_len=int(r["seq"]))
 

@@ -3,7 +3,9 @@
 hetpp fuses q/k/v into one `attn.qkv` projection and keeps `nn.Linear` layouts; each family's
 names and layouts are mapped here, one `Group` per hetpp parameter (or per HF tensor, when one HF
 tensor holds several hetpp ones, like Phi-3's `gate_up_proj`). Reading is lazy: `safe_open` maps
-the files and a rank reads only the tensors of its own layers.
+the files and a rank reads only the tensors of its own layers. The embedding and head matrices are
+padded to `padded_vocab` rows in hetpp: import fills the real rows and zeroes the padding, export
+writes the real rows only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from hetpp.runtime.model import StageModule
+from hetpp.runtime.model import StageModule, vocab_rows
 from hetpp.specs.errors import SpecError
 from hetpp.specs.hf_config import to_hf
 from hetpp.specs.model import ModelConfig
@@ -198,19 +200,26 @@ def load_stage(stage: StageModule, folder: str | Path) -> None:
         named = dict(layer.named_parameters(remove_duplicate=False))
         for g in layer_groups(c, i, [n for n, _ in stage.own_parameters(i)]):
             value = _from_hf(g, [src.get(n) for n in g.hf])
-            targets = [named[p] for p in g.params]
-            for p, part in zip(targets, value.split([t.shape[0] for t in targets])):
-                if part.shape != p.shape:
-                    raise SpecError(
-                        f"tensor {g.hf[0]} has shape {tuple(part.shape)}, expected "
-                        f"{tuple(p.shape)}",
-                        file=str(folder),
-                    )
-                p.copy_(part)
+            rows = [vocab_rows(c, name, named[name]) for name in g.params]
+            for name, part, n in zip(g.params, value.split(rows), rows):
+                _copy_padded(named[name], part, n, g, folder)
     tied = stage.tied_weight()
     if tied is not None and stage.start != 0:
         (g,) = layer_groups(c, 0, ["tok.weight"])
-        tied.copy_(src.get(g.hf[0]))
+        _copy_padded(tied, src.get(g.hf[0]), c.vocab_size, g, folder)
+
+
+def _copy_padded(
+    p: torch.Tensor, value: torch.Tensor, rows: int, g: Group, folder: str | Path
+) -> None:
+    """p's first `rows` rows from `value`, the rest (vocabulary padding) zero."""
+    if value.shape != (rows, *p.shape[1:]):
+        raise SpecError(
+            f"tensor {g.hf[0]} has shape {tuple(value.shape)}, expected {(rows, *p.shape[1:])}",
+            file=str(folder),
+        )
+    p.zero_()
+    p[:rows].copy_(value)
 
 
 def export_stage(stage: StageModule, out: str | Path, dtype: torch.dtype | None = None) -> Path:
@@ -222,7 +231,8 @@ def export_stage(stage: StageModule, out: str | Path, dtype: torch.dtype | None 
     for i in range(stage.start, stage.end):
         own = dict(stage.own_parameters(i))
         for g in layer_groups(c, i, list(own)):
-            parts = _to_hf(g, [own[p].detach().cpu() for p in g.params])
+            real = [own[p][: vocab_rows(c, p, own[p])].detach().cpu() for p in g.params]
+            parts = _to_hf(g, real)
             tensors |= {n: t.to(dtype) if dtype else t for n, t in zip(g.hf, parts)}
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)

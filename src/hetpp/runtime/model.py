@@ -4,6 +4,11 @@ Layer 0 is the embedding, 1..N the blocks, N+1 the head (final norm + LM head; t
 on its logits). A stage is any `[start, end)` range of these. Every layer draws its initial weights
 from its own generator, seeded by (seed, layer index), so a layer starts identical whatever rank or
 plan builds it.
+
+The embedding and LM head matrices have `padded_vocab` rows (`ModelConfig.vocab_multiple`): the
+padding rows start at zero, are never looked up, and the head returns only the `vocab_size` real
+logits, so no gradient reaches them and they stay zero under AdamW; the loss is that of the
+unpadded model. `vocab_rows` names the padded matrices for Hugging Face import and export.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from hetpp.specs.model import ModelConfig
 TIED_HEAD_PARAM = "lm_head.weight"
 """Name, inside the head, of the weight that is the embedding's `tok.weight` when tied."""
 TIED_EMBEDDING_PARAM = "tok.weight"
+VOCAB_PARAMS = (TIED_EMBEDDING_PARAM, TIED_HEAD_PARAM)
+"""Parameters (names inside the embedding and the head) with one row per vocabulary entry."""
 
 
 def layer_generator(seed: int, index: int) -> torch.Generator:
@@ -194,7 +201,7 @@ class Embedding(nn.Module):
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.tok = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.tok = nn.Embedding(c.padded_vocab, c.hidden_size)
         self.pos = nn.Embedding(c.max_seq_len, c.hidden_size) if c.position == "learned" else None
         self.scale = c.hidden_size**0.5 if c.scale_embeddings else None
 
@@ -213,11 +220,15 @@ class Head(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.norm = _norm(c)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.hidden_size, c.padded_vocab, bias=False)
+        self.vocab_size = c.vocab_size
         self.softcap = c.final_logit_softcap
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _softcap(self.lm_head(self.norm(x)), self.softcap)
+        # The GEMM runs over the padded vocabulary (tensor-core tiles); the padding columns are
+        # cut before the loss, which then sees exactly the unpadded model's logits.
+        logits = self.lm_head(self.norm(x))[..., : self.vocab_size]
+        return _softcap(logits, self.softcap)
 
 
 @torch.no_grad()
@@ -232,12 +243,21 @@ def _init_layer(layer: nn.Module, c: ModelConfig, index: int, seed: int) -> None
             p.fill_(0.0 if c.norm_unit_offset else 1.0)
         else:
             std = resid_std if name in ("attn.out.weight", "mlp.down.weight") else c.init_std
-            p.copy_(torch.randn(p.shape, generator=g) * std)
+            rows = vocab_rows(c, name, p)
+            p.zero_()
+            p[:rows].copy_(torch.randn((rows, *p.shape[1:]), generator=g) * std)
     if isinstance(layer, Head) and c.tie_embeddings:
         # The tied copy starts as the embedding's token matrix: the first draw of layer 0.
         g0 = layer_generator(seed, 0)
-        tok = torch.randn(layer.lm_head.weight.shape, generator=g0) * c.init_std
-        layer.lm_head.weight.copy_(tok)
+        w = layer.lm_head.weight
+        w.zero_()
+        w[: c.vocab_size].copy_(torch.randn((c.vocab_size, w.shape[1]), generator=g0) * c.init_std)
+
+
+def vocab_rows(c: ModelConfig, name: str, p: torch.Tensor) -> int:
+    """Rows of parameter `name` (inside its layer) that are real: `vocab_size` for the padded
+    embedding and head matrices, all of them for every other parameter."""
+    return c.vocab_size if name in VOCAB_PARAMS else p.shape[0]
 
 
 def build_layer(c: ModelConfig, index: int, seed: int, dtype: torch.dtype) -> nn.Module:

@@ -1,0 +1,60 @@
+"""The baselines' plans on benchmark scenarios do not get worse when the search gets faster.
+
+The recorded step times are what each baseline's plan cost at commit bb61f21 (vocabulary
+padding in, before the search speed work), produced by running the same loop there; a faster
+baseline must find plans at least as good (the cost model is unchanged since).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetpp.planner import Problem, plan
+from hetpp.specs import Cluster, TrainSpec, load_model
+
+SCENARIOS = Path(__file__).parents[2] / "bench" / "scenarios"
+BATCH = {"mixed-8": 64, "gen-16": 64, "edu-32": 128, "lab-64": 256}
+RECORDED = {
+    "mixed-8 gpt3-1.3b uniform": 1.80833732721067,
+    "mixed-8 gpt3-1.3b layer-balanced": 1.3395876832645082,
+    "mixed-8 gpt3-1.3b data-balanced": 1.479988548255759,
+    "mixed-8 gpt3-13b uniform": None,
+    "mixed-8 gpt3-13b layer-balanced": 11.530915558324637,
+    "mixed-8 gpt3-13b data-balanced": 15.249724217468787,
+    "gen-16 gpt3-1.3b uniform": 0.36562727584400456,
+    "gen-16 gpt3-1.3b layer-balanced": 0.4837996172564755,
+    "gen-16 gpt3-1.3b data-balanced": 0.36562727584400456,
+    "gen-16 gpt3-13b uniform": None,
+    "gen-16 gpt3-13b layer-balanced": 3.272492297027688,
+    "gen-16 gpt3-13b data-balanced": 3.3972113658298064,
+    "edu-32 gpt3-1.3b uniform": 2.5298115265085435,
+    "edu-32 gpt3-1.3b layer-balanced": 1.280307624401546,
+    "edu-32 gpt3-1.3b data-balanced": 1.6733388131332665,
+    "edu-32 gpt3-13b uniform": 37.41358437656296,
+    "edu-32 gpt3-13b layer-balanced": 12.546939895826286,
+    "edu-32 gpt3-13b data-balanced": 21.845809251729833,
+    "lab-64 gpt3-1.3b uniform": 1.142819694035662,
+    "lab-64 gpt3-1.3b layer-balanced": 0.8662810901302312,
+    "lab-64 gpt3-1.3b data-balanced": 1.1089117348519757,
+    "lab-64 gpt3-13b uniform": 8.595396762254783,
+    "lab-64 gpt3-13b layer-balanced": 6.648145467030393,
+    "lab-64 gpt3-13b data-balanced": 8.998786947132023,
+}
+"""Step seconds of each baseline's plan at bb61f21 (None: no plan)."""
+
+
+@pytest.mark.parametrize("scenario", list(BATCH))
+@pytest.mark.parametrize("model", ["gpt3-1.3b", "gpt3-13b"])
+def test_baseline_plans_are_no_worse_than_recorded(scenario, model):
+    cluster = Cluster.model_validate(yaml.safe_load((SCENARIOS / f"{scenario}.yaml").read_text()))
+    train = TrainSpec(global_batch=BATCH[scenario], seq_len=2048)
+    problem = Problem(load_model(model, 2048), cluster, train)
+    for strategy in ("uniform", "layer-balanced", "data-balanced"):
+        was = RECORDED[f"{scenario} {model} {strategy}"]
+        got = plan(problem, strategy)
+        if was is not None:
+            assert got.feasible, strategy
+            assert got.iteration_time_s <= was * (1 + 1e-9), strategy
