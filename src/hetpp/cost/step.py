@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
 from hetpp.cost.compute import CostModel
 from hetpp.cost.memory import StageMemory, stage_memory
-from hetpp.cost.params import tied_copy_params
+from hetpp.cost.params import stage_params, tied_copy_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
-from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
+from hetpp.cost.sync import optimizer_step_s, run_buckets, state_bytes, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, Plan, grad_buckets
@@ -108,7 +108,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
             k = SCHEDULES[train.schedule].in_flight(s, num, pipe.num_micro_batches)
-            mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
+            mem = stage_memory(cm.model, train, costs[s], *st.layers, k, pipe.num_micro_batches)
             stages.append(
                 StageCost(
                     p,
@@ -189,8 +189,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
 
 
 def optimizer_time_s(cm: CostModel, stage: StageCost) -> float:
-    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`)."""
-    m = stage.memory
-    return optimizer_step_s(
-        m.weights + m.grads + m.optimizer, cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
-    )
+    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`) over its
+    parameters' state (`hetpp.cost.sync.state_bytes`, as the planner's tail)."""
+    nbytes = state_bytes(stage_params(cm.model, *stage.layers), cm.train)
+    return optimizer_step_s(nbytes, cm.cluster.gpu(stage.device).mem_bw_bytes_per_s)

@@ -27,8 +27,10 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
         for s, st in enumerate(pipe.stages):
             gpu = cluster.gpu(st.device)
             costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
-            k = SCHEDULES[schedule].in_flight(s, len(pipe.stages), pipe.num_micro_batches)
-            fits = stage_memory(cm.model, cm.train, costs, *st.layers, k).total <= gpu.memory_bytes
+            m = pipe.num_micro_batches
+            k = SCHEDULES[schedule].in_flight(s, len(pipe.stages), m)
+            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, m)
+            fits = mem.total <= gpu.memory_bytes
             stages.append(st.model_copy(update={"recompute": False}) if fits else st)
         pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))
     return plan.model_copy(update={"pipelines": tuple(pipelines)})
