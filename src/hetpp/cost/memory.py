@@ -78,15 +78,15 @@ def stage_memory(
     """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step,
     `num_in_flight` of them at once (the schedule's `in_flight`)."""
     n = stage_params(model, start, end)
-    inp, out = _boundary_bytes(costs)
-    held = costs.saved(start, end) + out[end] - inp[start]
+    inp, out = (float(x[i]) for x, i in zip(_boundary_bytes(costs), (start, end)))
+    held = costs.saved(start, end) + out - inp
     return StageMemory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
         optimizer=n * train.optimizer_bytes_per_param,
         activations=num_in_flight * held,
-        recv_buffers=num_micro_batches * (inp[start] + out[end]),
-        transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp[start],
+        recv_buffers=num_micro_batches * (inp + out),
+        transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
         reserve=train.reserve_bytes,
     )
 
