@@ -4,13 +4,14 @@
 #
 #   bash bench/gpu_check.sh [--dry-run] [OUT_DIR]      # from the repository root
 #
-# OUT_DIR defaults to $OUT when set, else ./gpu-check; every figure and log goes there
-# (summary.md first). Set-up needs no network:
+# OUT_DIR defaults to $OUT when set, else ./gpu-check. It receives six files: summary.md (the
+# figures), gpu_check.log (everything printed), plan.json, run.jsonl (hetpp's metrics and memory
+# records), profile.csv and profile_vs_shipped.md. Set-up needs no network:
 #   - Python: $PY if set; else .venv/bin/python if its torch sees a GPU; else the machine's
 #     python3 (a CUDA build of torch in its site-packages), with src/ on PYTHONPATH.
 #   - Python packages it lacks (pydantic on a bare CUDA image, say) are installed from wheels in
 #     $WHEELS (default .whl/, ignored by git; for pydantic: pydantic, pydantic-core,
-#     annotated-types, typing-inspection) into $OUT/site, offline; anything still missing
+#     annotated-types, typing-inspection) into a temporary folder, offline; anything still missing
 #     stops the check naming it.
 # Steps, each under a time limit (`timeout`), any failure ends the check with a non-zero status:
 #   1. the CUDA tests (tests/gpu);
@@ -29,6 +30,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 OUT=$(mkdir -p "${1:-${OUT:-gpu-check}}" && cd "${1:-${OUT:-gpu-check}}" && pwd)
 cd "$(dirname "$0")/.."
+WORK=$(mktemp -d)
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 echo "gpu_check: $(date -u +%FT%TZ), output in $OUT, dry run: $DRY"
 
@@ -43,8 +45,8 @@ if [[ -z "${PY:-}" ]]; then
 fi
 WHEELS=${WHEELS:-.whl}
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$OUT/site" "$WHEELS"/*.whl
-    export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WHEELS"/*.whl
+    export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 "$PY" - <<'PYCODE'
@@ -75,24 +77,24 @@ if [[ $DRY == 1 ]]; then
     echo "(dry run: tests/gpu collected only)"
     "$PY" -m pytest -q --collect-only -m gpu tests/gpu
 else
-    timeout "$(limit 90)" "$PY" -m pytest -q -m gpu tests/gpu | tee "$OUT/tests.log"
+    timeout "$(limit 90)" "$PY" -m pytest -q -m gpu tests/gpu
 fi
 
 # --- 2. one-rank bf16 training vs a plain loop ------------------------------------------------
 echo "== 2. one-rank bf16 $MODEL, $STEPS steps: hetpp train vs a plain loop"
-cat >"$OUT/one-h200.yaml" <<YAML
+cat >"$WORK/one-h200.yaml" <<YAML
 name: one-h200
 nodes:
   - {gpu: H200, gpus_per_node: 1, intra_node_GBps: 450}
 inter_node_GBps: 25
 YAML
-hetpp plan --cluster "$OUT/one-h200.yaml" --model "$MODEL" --global-batch "$BATCH" \
+hetpp plan --cluster "$WORK/one-h200.yaml" --model "$MODEL" --global-batch "$BATCH" \
     --seq-len "$SEQ" --precision bf16 --micro-batch-sizes "$MBS" --recompute off \
     --out "$OUT/plan.json"
 timeout "$(limit 180)" "$PY" -m hetpp.cli.main train --plan "$OUT/plan.json" --steps "$STEPS" \
-    --metrics "$OUT/run.jsonl" --memory-report --lr 1e-4 | tee "$OUT/train.log"
+    --metrics "$OUT/run.jsonl" --memory-report --lr 1e-4
 timeout "$(limit 90)" "$PY" bench/plain_loop.py --plan "$OUT/plan.json" --steps "$STEPS" \
-    --device "$DEVICE" --hetpp-metrics "$OUT/run.jsonl" | tee "$OUT/plain.log"
+    --device "$DEVICE" --hetpp-metrics "$OUT/run.jsonl" | tee "$WORK/plain.log"
 
 # --- 3. profile beside the shipped H200 rows --------------------------------------------------
 echo "== 3. hetpp profile --device $DEVICE beside the shipped H200 data"
@@ -109,7 +111,7 @@ fi
     echo "# gpu_check $(date -u +%FT%TZ) (dry run: $DRY)"
     "$PY" -c "import torch; print('device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu', '| torch', torch.__version__)"
     echo '```'
-    cat "$OUT/plain.log"
+    cat "$WORK/plain.log"
     "$PY" - "$OUT/run.jsonl" <<'PYCODE'
 import sys
 from hetpp.runtime.metrics import load_records
