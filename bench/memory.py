@@ -1,8 +1,10 @@
 """Predicted vs measured memory per rank over plan shapes (`hetpp train --memory-report`).
 
 Each shape trains 3 steps on this CPU (gloo, one process per rank); the runtime counts model
-states and the activations autograd saves for backward (saved-tensor hooks, steady state from
-step 2), the cost model predicts the same terms. Prints one markdown row per rank.
+states (with autocast's weight copies), what the in-flight micro-batches hold for backward
+(saved-tensor hooks, the checkpoints' inputs and the stage's outputs; steady state from step 2)
+and torch's receive buffers (read from the stage); the cost model predicts the same terms.
+Prints one markdown row per rank.
 
     python bench/memory.py [--precisions fp32 bf16]
 """
@@ -57,8 +59,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     args = ap.parse_args()
-    print("| shape | precision | rank | stage | recompute | predicted MB | measured MB | error |")
-    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    print(
+        "| shape | precision | rank | stage | recompute | predicted MB | measured MB | error "
+        "| of which buffers MB (predicted / measured) |"
+    )
+    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         for name, (model, pipes, schedule) in SHAPES.items():
             for precision in args.precisions:
@@ -75,7 +80,8 @@ def main() -> None:
                         f"| {name} | {precision} | {r['rank']} | {r['pipeline']}.{r['stage']} | "
                         f"{'on' if st.recomputes(plan.train) else 'off'} | "
                         f"{r['predicted_bytes'] / 1e6:.2f} | {r['measured_bytes'] / 1e6:.2f} | "
-                        f"{r['error']:+.1%} |",
+                        f"{r['error']:+.1%} | {r['predicted_recv_buffer_bytes'] / 1e6:.2f} / "
+                        f"{r['measured_recv_buffer_bytes'] / 1e6:.2f} |",
                         flush=True,
                     )
 

@@ -23,18 +23,21 @@ def test_llama2_7b_one_stage_memory_by_hand():
     train = TrainSpec(global_batch=8, seq_len=2048)
     cm = CostModel(model, train, _one_node("H200", 1))
     costs = cm.layer_costs(CATALOG["h200"], 1)
-    mem = stage_memory(model, train, costs, 0, 34, SCHEDULES["1f1b"].in_flight(0, 1, 8))
+    mem = stage_memory(model, train, costs, 0, 34, SCHEDULES["1f1b"].in_flight(0, 1, 8), 8)
     n = 6_738_415_616
-    assert (mem.weights, mem.grads, mem.optimizer) == (2 * n, 4 * n, 12 * n)  # 121.3 GB
+    tables = 32000 * 4096  # the embedding lookup reads the float32 table: no bf16 copy
+    assert (mem.weights, mem.grads, mem.optimizer) == (2 * (n - tables), 4 * n, 12 * n)
     h, f, s = 4096, 11008, 2048
     # Per block, saved elements per token: norm in/out x2 (4h), q,k,v (3h), attention out (h),
     # rotated q,k (2h), fp32 norm upcasts (2 x 2h), SwiGLU gate, up, act, product (4f); bf16.
     block = s * (14 * h + 4 * f) * 2
-    head = s * (2 * h + 32000) * 2  # final norm in/out and logits
+    # Final norm in/out, its fp32 upcast, the bf16 logits (torch's stage keeps them) and the
+    # loss's fp32 log-probabilities.
+    head = s * (2 * h + 32000) * 2 + s * h * 4 + s * 32000 * 4
     emb = s * 8  # token ids
-    send_buffers = 2 * s * h * 2
-    assert mem.activations == 32 * block + head + emb + send_buffers
-    assert mem.reserve == 2e9
+    assert mem.activations == 32 * block + head + emb
+    # One stage: nothing received, nothing sent back.
+    assert (mem.recv_buffers, mem.transient, mem.reserve) == (0, 0, 2e9)
     print(
         f"llama2-7b, one stage, mbs 1, seq 2048: {mem.total / 1e9:.1f} GB "
         f"(states {18 * n / 1e9:.1f} GB, activations {mem.activations / 1e9:.2f} GB)"
@@ -47,11 +50,16 @@ def test_recomputation_keeps_only_layer_inputs():
     model = load_model("gpt3-1.3b", 2048)
     train = TrainSpec(global_batch=8, recompute=True)
     costs = CostModel(model, train, _one_node("A100-80GB", 1)).layer_costs(CATALOG["a100-80gb"], 2)
-    mem = stage_memory(model, train, costs, 1, 5, 3)
+    mem = stage_memory(model, train, costs, 1, 5, 3, 8)
     s, h = 2048, 2048
-    per_mb = 4 * s * h * 2 * 2  # 4 blocks x input (mbs 2)
-    transient = s * 32 * h * 2  # one block's full activations during its backward
-    assert mem.activations == 3 * per_mb + transient + 2 * (2 * s * h * 2)
+    act = 2 * s * h * 2  # one micro-batch's activation between blocks (mbs 2, bf16)
+    # Per in-flight micro-batch: the 4 blocks' inputs, less the first (a receive buffer), plus
+    # the stage's output, which torch's stage keeps until the backward.
+    assert mem.activations == 3 * (4 * act - act + act)
+    # A receive buffer for the input and one for the output's gradient, per micro-batch of the step.
+    assert mem.recv_buffers == 8 * 2 * act
+    # One block's full activations during its backward; two input gradients on their way back.
+    assert mem.transient == s * 32 * h * 2 + 2 * act
     plain = CostModel(model, TrainSpec(global_batch=8), _one_node("A100-80GB", 1))
     assert costs.bwd(1, 5) == pytest.approx(
         plain.layer_costs(CATALOG["a100-80gb"], 2).bwd(1, 5) + costs.fwd(1, 5)

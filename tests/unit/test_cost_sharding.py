@@ -32,8 +32,8 @@ def test_sharded_stage_keeps_a_shard_of_master_and_adam_state():
     model = load_model("llama2-7b", 2048)
     train = TrainSpec(global_batch=8, seq_len=2048)
     costs = CostModel(model, train, _one_node("H200", 1)).layer_costs(CATALOG["h200"], 1)
-    full = stage_memory(model, train, costs, 1, 9, 2)
-    half = stage_memory(model, train, costs, 1, 9, 2, shards=3)
+    full = stage_memory(model, train, costs, 1, 9, 2, 2)
+    half = stage_memory(model, train, costs, 1, 9, 2, 2, shards=3)
     n = stage_params(model, 1, 9)
     # bf16 weights (2) and fp32 grads (4) stay whole; fp32 master + m + v (12) split 3 ways.
     assert (half.weights, half.grads) == (full.weights, full.grads) == (2 * n, 4 * n)
@@ -50,10 +50,10 @@ def test_tied_matrix_keeps_its_full_state():
     last = len(model.layers)
     for a, b in ((0, 2), (2, last), (0, last)):
         n = stage_params(model, a, b)
-        got = stage_memory(model, train, costs, a, b, 1, shards=2).optimizer
+        got = stage_memory(model, train, costs, a, b, 1, 1, shards=2).optimizer
         assert got == pytest.approx(8 * ((n - tied) / 2 + tied))  # fp32: m and v, 8 B
     n = stage_params(model, 2, 3)  # a middle block: no tied matrix
-    assert stage_memory(model, train, costs, 2, 3, 1, shards=2).optimizer == 8 * n / 2
+    assert stage_memory(model, train, costs, 2, 3, 1, 1, shards=2).optimizer == 8 * n / 2
 
 
 def _two_pipelines(sharding: str) -> Plan:

@@ -1,8 +1,11 @@
 """The baselines' plans on benchmark scenarios do not get worse when the search gets faster.
 
-The recorded step times are what each baseline's plan cost at commit bb61f21 (vocabulary
-padding in, before the search speed work), produced by running the same loop there; a faster
-baseline must find plans at least as good (the cost model is unchanged since).
+The recorded step times are what each baseline's plan cost when the faster search and the
+memory accounting of torch's receive buffers met on main (the search work had recorded them at
+bb61f21 and held its speed-ups to them; the stricter memory rules then changed what fits:
+edu-32 gpt3-13b lost its uniform and data-balanced plans, layer-balanced went 12.5 -> 19.5 s).
+A faster baseline must keep finding plans at least as good while the cost model is unchanged;
+a change of the cost model re-records them, saying why.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ RECORDED = {
     "mixed-8 gpt3-1.3b layer-balanced": 1.3395876832645082,
     "mixed-8 gpt3-1.3b data-balanced": 1.479988548255759,
     "mixed-8 gpt3-13b uniform": None,
-    "mixed-8 gpt3-13b layer-balanced": 11.530915558324637,
+    "mixed-8 gpt3-13b layer-balanced": 11.566658109368122,
     "mixed-8 gpt3-13b data-balanced": 15.249724217468787,
     "gen-16 gpt3-1.3b uniform": 0.36562727584400456,
     "gen-16 gpt3-1.3b layer-balanced": 0.4837996172564755,
@@ -33,17 +36,17 @@ RECORDED = {
     "edu-32 gpt3-1.3b uniform": 2.5298115265085435,
     "edu-32 gpt3-1.3b layer-balanced": 1.280307624401546,
     "edu-32 gpt3-1.3b data-balanced": 1.6733388131332665,
-    "edu-32 gpt3-13b uniform": 37.41358437656296,
-    "edu-32 gpt3-13b layer-balanced": 12.546939895826286,
-    "edu-32 gpt3-13b data-balanced": 21.845809251729833,
+    "edu-32 gpt3-13b uniform": None,
+    "edu-32 gpt3-13b layer-balanced": 19.52085959462221,
+    "edu-32 gpt3-13b data-balanced": None,
     "lab-64 gpt3-1.3b uniform": 1.142819694035662,
     "lab-64 gpt3-1.3b layer-balanced": 0.8662810901302312,
     "lab-64 gpt3-1.3b data-balanced": 1.1089117348519757,
-    "lab-64 gpt3-13b uniform": 8.595396762254783,
+    "lab-64 gpt3-13b uniform": 7.502587171305768,
     "lab-64 gpt3-13b layer-balanced": 6.648145467030393,
     "lab-64 gpt3-13b data-balanced": 8.998786947132023,
 }
-"""Step seconds of each baseline's plan at bb61f21 (None: no plan)."""
+"""Step seconds of each baseline's plan (None: no plan)."""
 
 
 @pytest.mark.parametrize("scenario", list(BATCH))

@@ -29,18 +29,19 @@ def test_stage_memory_parts_match_stage_memory_for_every_range():
     for recompute in (False, True):
         cm = p.cost_model(recompute)
         costs = cm.layer_costs(CATALOG["a100-80gb"], 2)
-        fixed, per = stage_memory_parts(cm.model, cm.train, costs)
+        parts = stage_memory_parts(cm.model, cm.train, costs)
         for a, b in itertools.combinations(range(cm.model.layer_list_len + 1), 2):
-            for k in (1, 3):
-                want = stage_memory(cm.model, cm.train, costs, a, b, k).total
-                assert fixed[a, b] + k * per[a, b] == pytest.approx(want, rel=1e-12)
+            for k, m in ((1, 1), (3, 5)):
+                want = stage_memory(cm.model, cm.train, costs, a, b, k, m).total
+                got = parts.fixed + k * parts.per_in_flight + m * parts.per_micro_batch
+                assert got[a, b] == pytest.approx(want, rel=1e-12)
 
 
 def test_balance_stages_splits_identical_blocks_evenly_and_respects_memory():
     p = problem(cluster(("A100-80GB", 4, 1)), "gpt3-1.3b", 8)
     ctx = ShapeContext(p, False, 1)
     tables = [ctx.tables("a100-80gb")] * 2
-    bounds = balance_stages(tables, [1, 1])
+    bounds = balance_stages(tables, [(1, 1)] * 2)
     assert bounds[0] == 0 and bounds[-1] == 26
     # The head costs about two blocks, so the second stage takes fewer blocks.
     t = tables[0].time
@@ -48,15 +49,15 @@ def test_balance_stages_splits_identical_blocks_evenly_and_respects_memory():
         min(max(t[0, c], t[c, 26]) for c in range(1, 26))
     )
     # A forced cut is honoured.
-    assert 5 in balance_stages(tables, [1, 1, 1], forced=(5,))
+    assert 5 in balance_stages(tables, [(1, 1)] * 3, forced=(5,))
     # More stages than layers, or memory too small: no split.
-    assert balance_stages([tables[0]] * 27, [1] * 27) is None
+    assert balance_stages([tables[0]] * 27, [(1, 1)] * 27) is None
 
 
 def test_balance_stages_returns_none_when_memory_is_too_small():
     p = problem(cluster(("T4", 4, 1)), "gpt3-1.3b", 8, seq=2048)
     ctx = ShapeContext(p, False, 1)
-    assert balance_stages([ctx.tables("t4")], [1]) is None  # 21 GB of state on a 16 GB card
+    assert balance_stages([ctx.tables("t4")], [(1, 1)]) is None  # 21 GB of state on a 16 GB card
     assert ctx.homogeneous("t4", 2) is None  # the first stage holds two micro-batches too
     assert ctx.homogeneous("t4", 3) is not None
 

@@ -42,8 +42,11 @@ def test_recompute_stays_only_where_a_stage_needs_it():
         for i, st in enumerate(pp.stages):
             gpu = prob.cluster.gpu(st.device)
             costs = cm.layer_costs(gpu, pp.micro_batch_size, recompute=False)
-            k = SCHEDULES[got.schedule].in_flight(i, len(pp.stages), pp.num_micro_batches)
-            fits = stage_memory(cm.model, cm.train, costs, *st.layers, k).total <= gpu.memory_bytes
+            m = pp.num_micro_batches
+            k = SCHEDULES[got.schedule].in_flight(i, len(pp.stages), m)
+            fits = (
+                stage_memory(cm.model, cm.train, costs, *st.layers, k, m).total <= gpu.memory_bytes
+            )
             assert st.recomputes(got.train) == (not fits), (i, st)
     # Dropping recomputation where it is not needed only makes the step faster; still fits.
     step = evaluate(prob, got)

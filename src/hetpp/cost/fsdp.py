@@ -100,13 +100,15 @@ def fsdp_memory(
     """Peak memory of one device (see the module docstring for what each term holds)."""
     n, biggest = model.total_params, float(unit_params(model).max())
     master = 0 if train.precision != "fp32" else train.dtype_bytes
-    whole = stage_memory(model, train, costs, 0, len(model.layers), 1)
+    whole = stage_memory(model, train, costs, 0, len(model.layers), 1, 1)
     return StageMemory(
         weights=n * master / num_ranks + GATHERED_UNITS * biggest * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param / num_ranks
         + biggest * (train.dtype_bytes + train.grad_bytes_per_param),
         optimizer=n * train.optimizer_bytes_per_param / num_ranks,
         activations=whole.activations,
+        recv_buffers=whole.recv_buffers,
+        transient=whole.transient,
         reserve=whole.reserve,
     )
 

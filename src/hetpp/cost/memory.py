@@ -1,8 +1,10 @@
-"""Memory of one pipeline stage: model states, in-flight activations and a reserve."""
+"""Memory of one pipeline stage: model states, in-flight activations, torch's receive buffers,
+transients and a reserve."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -20,13 +22,29 @@ class StageMemory(NamedTuple):
     grads: float
     optimizer: float
     activations: float
-    """In-flight micro-batches' saved activations, the transient peak of one backward when
-    recomputing, and the send/receive buffers."""
+    """What the in-flight micro-batches hold until their backward: their layers' saved
+    activations and the stage's output (torch's stage keeps it), less each one's input, which is
+    a receive buffer (`recv_buffers`)."""
+    recv_buffers: float
+    """torch's `PipelineStage` receive buffers: for every micro-batch of the step, in flight or
+    not, one for its input activation (not on the first stage) and one for its output gradient
+    (not on the last), allocated at the first step and kept."""
+    transient: float
+    """What lasts one backward: a recomputed layer's full activations, and the input gradients
+    sent back (the one in transit and the next one, not on the first stage)."""
     reserve: float
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.reserve
+        return (
+            self.weights
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.recv_buffers
+            + self.transient
+            + self.reserve
+        )
 
 
 def model_state_bytes(model: ModelSpec, train: TrainSpec) -> float:
@@ -64,41 +82,96 @@ def stage_memory(
     start: int,
     end: int,
     num_in_flight: int,
+    num_micro_batches: int,
     shards: int = 1,
 ) -> StageMemory:
-    """Peak bytes of a stage holding [start, end) with `num_in_flight` micro-batches, its
-    optimizer state sharded `shards` ways (`optimizer_bytes`)."""
+    """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step,
+    `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer state sharded
+    `shards` ways (`optimizer_bytes`)."""
     n = stage_params(model, start, end)
-    acts = num_in_flight * costs.saved(start, end)
-    acts += float(costs.peak_extra_bytes[start:end].max(initial=0.0))
-    acts += 2 * float(costs.send_bytes[start:end].max(initial=0.0))  # recv + send buffers
+    inp, out = (float(x[i]) for x, i in zip(_boundary_bytes(costs), (start, end)))
+    held = costs.saved(start, end) + out - inp
     return StageMemory(
-        weights=n * train.dtype_bytes,
+        weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
         optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
-        activations=acts,
+        activations=num_in_flight * held,
+        recv_buffers=num_micro_batches * (inp + out),
+        transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
         reserve=train.reserve_bytes,
     )
 
 
-def stage_memory_parts(
-    model: ModelSpec, train: TrainSpec, costs: LayerCosts
-) -> tuple[np.ndarray, np.ndarray]:
-    """`stage_memory` for every layer range at once, for planners that try many splits.
+class MemoryParts(NamedTuple):
+    """`stage_memory` of every layer range, as (L+1) x (L+1) arrays indexed `[start, end]`:
+    `total = fixed + in_flight * per_in_flight + micro_batches * per_micro_batch` for
+    `start < end` (entries with `start >= end` are meaningless)."""
 
-    Returns `(fixed, per_micro_batch)`, two (L+1) x (L+1) arrays indexed `[start, end]`, such that
-    `stage_memory(model, train, costs, start, end, k).total == fixed[start, end] + k *
-    per_micro_batch[start, end]` for `start < end` (entries with `start >= end` are meaningless).
-    Same terms as `stage_memory`: model states, the largest transient backward peak, two
-    send/receive buffers and the reserve are fixed; in-flight saved activations scale with k."""
+    fixed: np.ndarray
+    """Model states, transients and the reserve."""
+    per_in_flight: np.ndarray
+    """What each in-flight micro-batch holds (`StageMemory.activations` of one)."""
+    per_micro_batch: np.ndarray
+    """What each micro-batch of the step adds, in flight or not (the receive buffers)."""
+
+
+def stage_memory_parts(model: ModelSpec, train: TrainSpec, costs: LayerCosts) -> MemoryParts:
+    """`stage_memory` for every layer range at once, for planners that try many splits."""
     num = len(model.layers)
     params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
-    state = n * train.state_bytes_per_param
-    fixed = state + _range_max(costs.peak_extra_bytes) + 2 * _range_max(costs.send_bytes)
+    inp, out = _boundary_bytes(costs)
+    transient = _range_max(costs.peak_extra_bytes) + 2 * inp[:, None]
     saved = costs.saved_cum[None, :] - costs.saved_cum[:, None]
-    return fixed + train.reserve_bytes, saved
+    state = n * train.state_bytes_per_param
+    state[0, 1:] -= [
+        _uncopied_params(model, train, 0, b) * train.dtype_bytes for b in range(1, num + 1)
+    ]
+    return MemoryParts(
+        fixed=state + transient + train.reserve_bytes,
+        per_in_flight=saved + out[None, :] - inp[:, None],
+        per_micro_batch=inp[:, None] + out[None, :],
+    )
+
+
+def most_micro_batches(memory: Callable[[int], float], capacity: float, limit: int) -> int:
+    """Most micro-batches per step, at most `limit`, for which a stage's `memory(m)` (bytes;
+    non-decreasing in m: receive buffers grow with m, in-flight activations never shrink) fits
+    `capacity`; 0 if not even one does. Checks `limit` first: most stages are not bound."""
+    if memory(limit) <= capacity:
+        return limit
+    lo, hi = 0, limit  # memory(lo) fits (or lo = 0), memory(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if memory(mid) <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _uncopied_params(model: ModelSpec, train: TrainSpec, start: int, end: int) -> int:
+    """Stored parameters of [start, end) without a `weights` term. In mixed precision that term
+    is autocast's half-precision copy of each weight an autocast op reads (a matmul, including a
+    tied head's); an embedding lookup is not one, so the first stage's tables have no copy,
+    except the token table when the tied head on the same stage reads it. (Norm weights are not
+    copied either, but are too few to count: 2-4 h of a block's ~12 h^2.) In fp32 the term is the
+    parameters themselves."""
+    if train.precision == "fp32" or start > 0:
+        return 0
+    tables = model.layers[0].stored_params
+    return tables - (tied_copy_params(model) if end == len(model.layers) else 0)
+
+
+def _boundary_bytes(costs: LayerCosts) -> tuple[np.ndarray, np.ndarray]:
+    """`(inp, out)`, each of length L+1: `inp[a]`, the bytes a stage starting at layer a
+    receives per micro-batch (0 for a = 0), and `out[b]`, the bytes a stage ending before layer
+    b sends (0 for b = L). A gradient has its activation's size."""
+    send = costs.send_bytes
+    inp = np.concatenate([[0.0], send])
+    out = np.concatenate([[0.0], send[:-1], [0.0]])
+    return inp, out
 
 
 def _range_max(values: np.ndarray) -> np.ndarray:

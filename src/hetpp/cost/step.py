@@ -116,7 +116,15 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
         num = len(pipe.stages)
         for s, st in enumerate(pipe.stages):
             k = schedule.in_flight(s, num, pipe.num_micro_batches)
-            mem = stage_memory(cm.model, train, costs[s], *st.layers, k, plan.optimizer_shards)
+            mem = stage_memory(
+                cm.model,
+                train,
+                costs[s],
+                *st.layers,
+                k,
+                pipe.num_micro_batches,
+                plan.optimizer_shards,
+            )
             stages.append(
                 StageCost(
                     p,

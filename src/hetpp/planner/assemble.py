@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hetpp.cost.comm import p2p_link
-from hetpp.cost.memory import stage_memory
+from hetpp.cost.memory import most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, stage_times
 from hetpp.cost.step import StepCost, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
@@ -78,26 +78,26 @@ def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Pipel
     costs = [cm.layer_costs(cl.gpu(d), mbs) for d in pipe.devices]
     links = [p2p_link(cl, d, nxt) for d, nxt in zip(pipe.devices, pipe.devices[1:])]
     fwd, bwd, comm = stage_times(costs, pipe.bounds, links)
-    spans = list(itertools.pairwise(pipe.bounds))
     fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
     spec = problem.schedule_spec
-    hi = UNBOUNDED
-    if not spec.bounded_in_flight:
-        hi = min(
-            _micro_batch_cap(problem, recompute, c, a, b, cl.gpu(d).memory_bytes)
-            for c, (a, b), d in zip(costs, spans, pipe.devices)
-        )
+    hi = _micro_batch_cap(problem, recompute, mbs, pipe, costs)
     return PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.devices)), hi)
 
 
-def _micro_batch_cap(problem, recompute, costs, a, b, capacity) -> int:
-    """Most micro-batches a stage holding [a, b) can keep in flight at once."""
-    cm = problem.cost_model(recompute)
-    base = stage_memory(cm.model, cm.train, costs, a, b, 0).total
-    per = costs.saved(a, b)
-    if base + per > capacity:
-        return 0
-    return int((capacity - base) // per) if per > 0 else UNBOUNDED
+def _micro_batch_cap(problem, recompute, mbs, pipe: Pipe, costs) -> int:
+    """Most micro-batches per step with which every stage of the pipeline fits its device
+    (`UNBOUNDED` if the whole global batch does): receive buffers grow with m under every
+    schedule, in-flight activations as the schedule's `in_flight` says."""
+    cm, spec = problem.cost_model(recompute), problem.schedule_spec
+    limit, num = problem.micro_batches(mbs), len(pipe.devices)
+    cap = limit
+    for s, (c, d, (a, b)) in enumerate(zip(costs, pipe.devices, itertools.pairwise(pipe.bounds))):
+
+        def mem(m: int, s=s, c=c, a=a, b=b) -> float:
+            return stage_memory(cm.model, cm.train, c, a, b, spec.in_flight(s, num, m), m).total
+
+        cap = min(cap, most_micro_batches(mem, problem.cluster.gpu(d).memory_bytes, limit))
+    return UNBOUNDED if cap >= limit else cap
 
 
 def build_plan(

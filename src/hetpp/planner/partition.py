@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetpp.cost.compute import CostModel, LayerCosts
-from hetpp.cost.memory import stage_memory_parts
+from hetpp.cost.memory import most_micro_batches, stage_memory_parts
 from hetpp.specs.schedule import ScheduleSpec
 
 # Planner-side slack on memory so that float rounding never makes a split the planner accepts
 # fail the cost model's own check (1 MB, far below any real headroom).
 MEMORY_SLACK_BYTES = 1e6
+
+Load = tuple[int, int]
+"""What a stage runs per step: (micro-batches in flight at once, micro-batches in the step)."""
 
 
 @dataclass(frozen=True)
@@ -31,58 +34,82 @@ class StageTables:
     """`time[a, b]`: forward + backward seconds of layers [a, b) for one micro-batch."""
     mem_fixed: np.ndarray
     """Bytes a stage holding [a, b) needs regardless of in-flight micro-batches."""
-    mem_per_micro_batch: np.ndarray
+    mem_per_in_flight: np.ndarray
     """Bytes each in-flight micro-batch adds."""
+    mem_per_step_micro_batch: np.ndarray
+    """Bytes each micro-batch of the step adds, in flight or not (torch's receive buffers)."""
     capacity: float
     """Usable device memory, bytes (with the planner slack taken off)."""
-    _masked: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _masked: dict[Load, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def layer_list_len(self) -> int:
         return len(self.time) - 1
 
-    def fits(self, in_flight: int) -> np.ndarray:
-        """Boolean `[a, b]` mask: layers [a, b) fit with `in_flight` micro-batches (a < b only)."""
-        ok = self.mem_fixed + in_flight * self.mem_per_micro_batch <= self.capacity
+    def memory(self, start: int, end: int, load: Load) -> float:
+        """Bytes a stage holding [start, end) needs under `load`."""
+        in_flight, micro_batches = load
+        return float(
+            self.mem_fixed[start, end]
+            + in_flight * self.mem_per_in_flight[start, end]
+            + micro_batches * self.mem_per_step_micro_batch[start, end]
+        )
+
+    def fits(self, load: Load) -> np.ndarray:
+        """Boolean `[a, b]` mask: layers [a, b) fit under `load` (a < b only)."""
+        in_flight, micro_batches = load
+        mem = self.mem_fixed + in_flight * self.mem_per_in_flight
+        ok = mem + micro_batches * self.mem_per_step_micro_batch <= self.capacity
         return np.triu(ok, 1)
 
-    def masked_time(self, in_flight: int) -> np.ndarray:
-        """`time` where the range fits with `in_flight` micro-batches, else inf (cached)."""
-        if in_flight not in self._masked:
-            self._masked[in_flight] = np.where(self.fits(in_flight), self.time, np.inf)
-        return self._masked[in_flight]
-
-    def max_in_flight(self, start: int, end: int) -> int:
-        """Most micro-batches a stage holding [start, end) can keep in flight (0: not even one)."""
-        free = self.capacity - self.mem_fixed[start, end]
-        per = self.mem_per_micro_batch[start, end]
-        if free < per:
-            return 0
-        return int(free // per) if per > 0 else 1 << 30
+    def masked_time(self, load: Load) -> np.ndarray:
+        """`time` where the range fits under `load`, else inf (cached)."""
+        if load not in self._masked:
+            self._masked[load] = np.where(self.fits(load), self.time, np.inf)
+        return self._masked[load]
 
 
 def stage_tables(cm: CostModel, costs: LayerCosts) -> StageTables:
     """Build the range tables of one (GPU type, micro-batch size) from its layer costs."""
     total = costs.fwd_cum + costs.bwd_cum
-    fixed, per_mb = stage_memory_parts(cm.model, cm.train, costs)
+    parts = stage_memory_parts(cm.model, cm.train, costs)
     return StageTables(
         costs=costs,
         time=total[None, :] - total[:, None],
-        mem_fixed=fixed,
-        mem_per_micro_batch=per_mb,
+        mem_fixed=parts.fixed,
+        mem_per_in_flight=parts.per_in_flight,
+        mem_per_step_micro_batch=parts.per_micro_batch,
         capacity=costs.gpu.memory_bytes - MEMORY_SLACK_BYTES,
     )
 
 
-def in_flight_per_stage(schedule: ScheduleSpec, num_stages: int) -> list[int]:
-    """Micro-batches each stage holds at the fewest micro-batches the schedule allows: splits
-    are made for those (1F1B: S - s, whatever m; GPipe: one, and memory caps m afterwards)."""
+def in_flight_per_stage(schedule: ScheduleSpec, num_stages: int) -> list[Load]:
+    """Each stage's load at the fewest micro-batches the schedule allows: splits are made for
+    those (more micro-batches only add memory: receive buffers, and for GPipe activations), and
+    the micro-batch cap (`max_micro_batches`) bounds m afterwards."""
     m = schedule.min_micro_batches(num_stages)
-    return [schedule.in_flight(s, num_stages, m) for s in range(num_stages)]
+    return [(schedule.in_flight(s, num_stages, m), m) for s in range(num_stages)]
+
+
+def max_micro_batches(
+    tables: Sequence[StageTables], bounds: Sequence[int], schedule: ScheduleSpec, limit: int
+) -> int:
+    """Most micro-batches per step (at most `limit`) with which every stage of this split fits
+    (0: not even one); the rule of every schedule, from its registry entry's `in_flight`."""
+    num = len(tables)
+
+    def stage_cap(s: int, t: StageTables, a: int, b: int) -> int:
+        def mem(m: int) -> float:
+            return t.memory(a, b, (schedule.in_flight(s, num, m), m))
+
+        return most_micro_batches(mem, t.capacity, limit)
+
+    spans = zip(tables, bounds, bounds[1:])
+    return min(stage_cap(s, t, a, b) for s, (t, a, b) in enumerate(spans))
 
 
 def balance_stages(
-    tables: Sequence[StageTables], in_flight: Sequence[int], forced: Sequence[int] = ()
+    tables: Sequence[StageTables], loads: Sequence[Load], forced: Sequence[int] = ()
 ) -> tuple[int, ...] | None:
     """Contiguous split of all layers over `len(tables)` stages (stage s on `tables[s]`'s type)
     minimizing the slowest stage, then the sum of stage times, with every stage's memory within
@@ -95,7 +122,7 @@ def balance_stages(
     stages = len(tables)
     if stages > num:
         return None
-    times = [t.masked_time(k) for t, k in zip(tables, in_flight)]
+    times = [t.masked_time(load) for t, load in zip(tables, loads)]
     if forced:
         # No stage may straddle a forced cut: [a, b) is out if some cut f has a < f < b.
         mark = np.zeros(num + 1)
@@ -134,11 +161,9 @@ def equal_bounds(num_layers: int, num_stages: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def bounds_fit(
-    tables: Sequence[StageTables], in_flight: Sequence[int], bounds: Sequence[int]
-) -> bool:
+def bounds_fit(tables: Sequence[StageTables], loads: Sequence[Load], bounds: Sequence[int]) -> bool:
     """Whether a given split fits every stage's memory."""
     return all(
-        t.mem_fixed[a, b] + k * t.mem_per_micro_batch[a, b] <= t.capacity
-        for t, k, a, b in zip(tables, in_flight, bounds, bounds[1:])
+        t.memory(a, b, load) <= t.capacity
+        for t, load, a, b in zip(tables, loads, bounds, bounds[1:])
     )

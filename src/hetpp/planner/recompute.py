@@ -26,8 +26,9 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
         for s, st in enumerate(pipe.stages):
             gpu = cluster.gpu(st.device)
             costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
-            k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), pipe.num_micro_batches)
-            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, plan.optimizer_shards)
+            m = pipe.num_micro_batches
+            k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), m)
+            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, m, plan.optimizer_shards)
             fits = mem.total <= gpu.memory_bytes
             stages.append(st.model_copy(update={"recompute": False}) if fits else st)
         pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))

@@ -9,7 +9,7 @@ node), which makes every template cost a lower bound on any placed copy of it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TypeVar
@@ -25,6 +25,7 @@ from hetpp.planner.partition import (
     balance_stages,
     bounds_fit,
     in_flight_per_stage,
+    max_micro_batches,
     stage_tables,
 )
 from hetpp.planner.problem import Problem
@@ -150,9 +151,12 @@ class ShapeContext:
         return self._orders[key]
 
     def best(self, comp: tuple[int, ...]) -> TemplateCost | None:
-        """The order with the least bottleneck (then fill); None if none fits."""
+        """The order with the least bottleneck (then fill) among those whose memory takes the
+        whole batch's micro-batches, if any (one capped at a few, its receive buffers filling a
+        small device, is a poor stand-in for the composition); None if none fits."""
         found = self.orders(comp)
-        return found[0] if found else None
+        free = [t for t in found if t.hi == UNBOUNDED]
+        return (free or found)[0] if found else None
 
     def with_bounds(self, runs: Runs, bounds: tuple[int, ...]) -> TemplateCost | None:
         """Cost of a shape with a given split (baselines); None if it does not fit memory."""
@@ -182,11 +186,17 @@ class ShapeContext:
         fill, beat = fill_and_beat(fwd, bwd, comm, self.problem.schedule)
         spec = self.problem.schedule_spec
         lo = spec.min_micro_batches(len(keys))
-        hi = UNBOUNDED
-        if not spec.bounded_in_flight:  # every micro-batch in flight: memory caps m
-            hi = min(t.max_in_flight(a, b) for t, a, b in zip(tables, bounds, bounds[1:]))
+        # Receive buffers (every schedule) and GPipe's in-flight activations grow with m.
+        hi = self.micro_batch_cap(tables, bounds)
         tail, opt = self._tail(keys, bounds, bwd, comm)
         return TemplateCost(runs, tuple(bounds), fwd, bwd, comm, fill, beat, lo, hi, tail, opt)
+
+    def micro_batch_cap(self, tables: Sequence[StageTables], bounds: Sequence[int]) -> int:
+        """Most micro-batches per step with which every stage fits (`UNBOUNDED` if the whole
+        global batch does)."""
+        limit = self.problem.micro_batches(self.mbs)
+        cap = max_micro_batches(tables, bounds, self.problem.schedule_spec, limit)
+        return UNBOUNDED if cap >= limit else cap
 
     def best_links(self, runs: Runs) -> list[Link]:
         """Links between consecutive stages when each run is packed into whole nodes."""

@@ -1,10 +1,10 @@
 """`hetpp train --memory-report`: each rank's measured memory beside the cost model's prediction.
 
 The runtime measures (`runtime/memory.py`); this side predicts with the same cost model the
-planner used and compares like with like: on CPU the measurement counts model states and the
-activations saved for backward, so the prediction is states + in-flight micro-batches x saved
-bytes (no transient backward peak, buffers or reserve); on CUDA the allocator's peak is set beside
-the whole stage memory less the reserve.
+planner used (`cost.memory.stage_memory`) and compares like with like: on CPU the measurement
+counts model states, what the in-flight micro-batches hold and torch's receive buffers, so the
+prediction is those three terms (no transients, no reserve); on CUDA the allocator's peak is set
+beside the whole stage memory less the reserve.
 """
 
 from __future__ import annotations
@@ -28,19 +28,12 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
     rows = []
     for m in measured:
         st = by_device[m["device"]]
-        pipe = plan.pipelines[st.pipeline]
         mem = st.memory
         states = mem.weights + mem.grads + mem.optimizer
+        acts = mem.activations
         if m["method"].startswith("cuda"):
-            acts = mem.activations
-        else:
-            recompute = pipe.stages[st.stage].recomputes(plan.train)
-            costs = cm.layer_costs(cm.cluster.gpu(st.device), pipe.micro_batch_size, recompute)
-            k = pipe.schedule_in(plan.train).in_flight(
-                st.stage, len(pipe.stages), pipe.num_micro_batches
-            )
-            acts = k * costs.saved(*st.layers)
-        predicted = states + acts
+            acts += mem.transient
+        predicted = states + acts + mem.recv_buffers
         rows.append(
             {
                 **m,
@@ -49,6 +42,7 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
                 "predicted_bytes": predicted,
                 "predicted_states_bytes": states,
                 "predicted_activation_bytes": acts,
+                "predicted_recv_buffer_bytes": mem.recv_buffers,
                 "error": m["measured_bytes"] / predicted - 1,
             }
         )
@@ -58,12 +52,12 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
 def print_memory_report(rows: list[dict[str, Any]]) -> None:
     """predicted / measured MB per rank: model states, activations, total, and the error."""
     t = Table(title=f"memory per rank, predicted / measured MB ({rows[0]['method']})")
-    for col in ("rank", "pipe", "stage", "states", "activations", "total", "error"):
+    for col in ("rank", "pipe", "stage", "states", "activations", "buffers", "total", "error"):
         t.add_column(col, justify="right")
     for r in rows:
         pairs = [
             f"{r[f'predicted_{k}bytes'] / MB:.2f} / {r[f'measured_{k}bytes'] / MB:.2f}"
-            for k in ("states_", "activation_", "")
+            for k in ("states_", "activation_", "recv_buffer_", "")
         ]
         t.add_row(str(r["rank"]), str(r["pipeline"]), str(r["stage"]), *pairs, f"{r['error']:+.1%}")
     Console().print(t)

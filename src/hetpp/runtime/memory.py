@@ -1,42 +1,79 @@
-"""What a rank really keeps: model states, and activations saved for backward (`--memory-report`).
+"""What a rank really keeps: model states, activations held for backward, and the receive
+buffers of torch's pipeline stage (`--memory-report`).
 
-On CPU there is no allocator to ask, so autograd's saved tensors are counted as it keeps them:
-`torch.autograd.graph.saved_tensors_hooks` sees every tensor a forward saves for its backward; a
-handle per saved tensor counts its storage (each storage once, parameters excluded: they are
-model states) until autograd drops it after that backward. A recomputed block saves nothing but
-its input, which `hold` counts until the block's backward. The peak over the run is what the
-in-flight micro-batches kept at once. On CUDA, `torch.cuda.max_memory_allocated` is the figure
-(everything the caching allocator handed out, workspaces and P2P buffers included).
+On CPU there is no allocator to ask, so what is held is counted as it is held:
+- `torch.autograd.graph.saved_tensors_hooks` sees every tensor a forward saves for its backward; a
+  handle per saved tensor counts its storage (each storage once, parameters excluded: they are
+  model states) until autograd drops it after that backward. A recomputed block saves nothing but
+  its input, which `track` counts while the checkpoint keeps it; the stage's output, which
+  `PipelineStage` keeps (`fwd_cache`) until the micro-batch's backward, is held the same way.
+- Half-precision weight copies: autocast casts each weight once per step and caches the copy
+  until the step's autocast region exits; a dispatch mode sees each cast of a parameter and
+  counts the copy while it lives (a copy that is also saved for backward counts once, here).
+- Receive buffers: `PipelineStage` allocates one activation buffer (non-first stage) and one
+  gradient buffer (non-last stage) per micro-batch of the step, once, and keeps them; they are
+  read from the stage object (`args_recv_info`, `grad_recv_info`) and counted apart from the
+  activations (a buffer also saved by the first layer counts once, as a buffer).
+On CUDA, `torch.cuda.max_memory_allocated` is the figure (everything the caching allocator handed
+out, workspaces and transients included); the buffers are still read from the stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import torch
+from torch.distributed.pipelining import PipelineStage
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class SavedTensorMeter:
-    """Live and peak bytes of the storages autograd holds for backward."""
+    """Live and peak bytes of the storages held for backward."""
 
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
-        """Storage pointers not to count (the parameters')."""
+        """Storage pointers not to count (the parameters', and later the receive buffers')."""
         self.live: dict[int, list[int]] = {}
         """Storage pointer -> [handles alive, bytes]."""
         self.now = 0
         self.peak = 0
+        self.copies_now = 0
+        """Bytes of the live half-precision weight copies (also in `now`)."""
+        self.copies_peak = 0
 
     def region(self) -> contextlib.AbstractContextManager:
-        """Count what autograd saves inside this region."""
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        """Count what autograd saves, and the weight copies autocast makes, inside this region."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack))
+        stack.enter_context(_WeightCopies(self))
+        return stack
 
-    def hold(self, tensor: torch.Tensor, until: torch.Tensor) -> None:
-        """Count `tensor` for as long as autograd keeps `until`'s graph node (a recomputed
-        block's input, kept by the checkpoint until the block's backward)."""
-        if until.grad_fn is not None:
-            until.grad_fn.metadata["hetpp_held"] = _Handle(self, tensor)
+    def track(self, tensor: torch.Tensor, copy: bool = False) -> None:
+        """Count `tensor`'s storage for as long as the tensor lives (a recomputed block's input,
+        which the checkpoint keeps until the block's backward; a stage's output, which torch's
+        stage keeps until the micro-batch's backward; with `copy`, a weight copy)."""
+        storage = tensor.untyped_storage()
+        key, nbytes = storage.data_ptr(), storage.nbytes()
+        if key in self.exclude or nbytes == 0:
+            return
+        self._add(key, nbytes)
+        if copy:
+            self.copies_now += nbytes
+            self.copies_peak = max(self.copies_peak, self.copies_now)
+        weakref.finalize(tensor, self._freed, key, nbytes, copy).atexit = False
+
+    def forget(self, keys: set[int]) -> None:
+        """Stop counting these storages, now and from now on (the receive buffers)."""
+        self.exclude |= keys
+        for key in keys & set(self.live):
+            self.now -= self.live.pop(key)[1]
+
+    def _freed(self, key: int, nbytes: int, copy: bool) -> None:
+        if copy:
+            self.copies_now -= nbytes
+        self._drop(key)
 
     def _pack(self, t: torch.Tensor) -> tuple[Any, torch.Tensor]:
         # Detached: a saved output holding itself (and so its grad_fn) would be a reference
@@ -51,7 +88,9 @@ class SavedTensorMeter:
         entry[0] += 1
 
     def _drop(self, key: int) -> None:
-        entry = self.live[key]
+        entry = self.live.get(key)
+        if entry is None:  # forgotten while held
+            return
         entry[0] -= 1
         if entry[0] == 0:
             self.now -= entry[1]
@@ -78,6 +117,21 @@ class _Handle:
             self.meter._drop(self.key)
 
 
+class _WeightCopies(TorchDispatchMode):
+    """Sees autocast's casts of parameters (below autocast, each cast is an `aten._to_copy` of
+    the parameter; a cached weight is cast once per region) and has the meter count each copy."""
+
+    def __init__(self, meter: SavedTensorMeter):
+        super().__init__()
+        self.meter = meter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.nn.Parameter):
+            self.meter.track(out, copy=True)
+        return out
+
+
 def state_bytes(module: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     """Bytes of parameters (each storage once: a shared tied weight counts once), their gradients
     and the optimizer's tensor states."""
@@ -95,6 +149,19 @@ def parameter_storages(module: torch.nn.Module) -> set[int]:
     return {p.untyped_storage().data_ptr() for p in module.parameters()}
 
 
+def recv_buffer_storages(stage: PipelineStage) -> dict[int, int]:
+    """Storage pointer -> bytes of the receive buffers `stage` keeps: per micro-batch, its input
+    activations (`args_recv_info`, non-first stage) and its output gradients (`grad_recv_info`,
+    non-last stage), allocated at the first step for the schedule's micro-batch count."""
+    infos = [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]
+    out = {}
+    for info in (i for chunk in infos for i in chunk):
+        if not info.is_root_arg and info.buffer is not None:
+            s = info.buffer.untyped_storage()
+            out[s.data_ptr()] = s.nbytes()
+    return out
+
+
 class MemoryProbe:
     """One rank's `--memory-report` measurement over a run."""
 
@@ -102,14 +169,23 @@ class MemoryProbe:
         self.device = device
         self.cuda = device.type == "cuda"
         self.meter = None if self.cuda else SavedTensorMeter(parameter_storages(stage))
-        """Counts saved tensors on CPU (None on CUDA, where the allocator's peak is read)."""
+        """Counts what is held for backward on CPU (None on CUDA: the allocator's peak is read)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
+        else:
+            stage.register_forward_hook(self._hold_output)
 
-    def reset(self) -> None:
-        """Forget the peak so far (the first step's one-off set-up)."""
+    def _hold_output(self, module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        # PipelineStage keeps the output (fwd_cache) until this micro-batch's backward.
+        self.meter.track(out)
+
+    def reset(self, pstage: PipelineStage) -> None:
+        """Forget the peak so far (the first step's one-off set-up, which also allocated the
+        receive buffers: from now on they count as buffers, not as saved activations)."""
         if self.meter is not None:
+            self.meter.forget(set(recv_buffer_storages(pstage)))
             self.meter.peak = self.meter.now
+            self.meter.copies_peak = self.meter.copies_now
         else:
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -117,22 +193,27 @@ class MemoryProbe:
         """Around each step's schedule (forward and backward of every micro-batch)."""
         return self.meter.region() if self.meter is not None else contextlib.nullcontext()
 
-    def record(self, rank: int, device_id: int, stage: torch.nn.Module,
+    def record(self, rank: int, device_id: int, pstage: PipelineStage,
                opt: torch.optim.Optimizer) -> dict[str, Any]:  # fmt: skip
         """The rank's `{"kind": "memory", ...}` record (measured fields)."""
-        states = state_bytes(stage, opt)
+        states = state_bytes(pstage.submod, opt)
+        buffers = sum(recv_buffer_storages(pstage).values())
+        copies = 0
         if self.cuda:
             total = torch.cuda.max_memory_allocated(self.device)
-            method, acts = "cuda max_memory_allocated", total - states
+            method, acts = "cuda max_memory_allocated", total - states - buffers
         else:
-            method, acts = "saved_tensors_hooks", self.meter.peak
-            total = states + acts
+            # The copies' peak is part of the saved peak (one storage, counted once).
+            method, copies = "saved_tensors_hooks", self.meter.copies_peak
+            acts = self.meter.peak - copies
+            total = states + copies + acts + buffers
         return {
             "kind": "memory",
             "rank": rank,
             "device": device_id,
             "method": method,
             "measured_bytes": total,
-            "measured_states_bytes": states,
+            "measured_states_bytes": states + copies,
             "measured_activation_bytes": acts,
+            "measured_recv_buffer_bytes": buffers,
         }

@@ -35,7 +35,7 @@ def _checkpointed(
     def run(x: torch.Tensor) -> torch.Tensor:
         out = checkpoint(forward, x, use_reentrant=False)
         if meter is not None:
-            meter.hold(x, until=out)
+            meter.track(x)
         return out
 
     return run

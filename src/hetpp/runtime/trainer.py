@@ -268,7 +268,7 @@ class RankTrainer:
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
         if self.probe is not None and step == self.start + 2:
-            self.probe.reset()  # steady state: step 1 also runs the schedule's shape inference
+            self.probe.reset(self.pstage)  # steady state: step 1 also runs the shape inference
         self.note(f"step {step}: {self.where}")
         with self.precision.step_region(self.device), self.probe_region():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
@@ -304,7 +304,7 @@ class RankTrainer:
     def report_memory(self, log: MetricsLog | None) -> None:
         """Every rank's measured memory, gathered to rank 0 and written to --metrics (the CLI
         sets the cost model's prediction beside it)."""
-        mine = self.probe.record(self.rank, self.role.device, self.stage, self.opt)
+        mine = self.probe.record(self.rank, self.role.device, self.pstage, self.opt)
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         for record in gathered or ():

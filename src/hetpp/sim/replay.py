@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetpp.cost.compute import CostModel
+from hetpp.cost.memory import stage_memory
 from hetpp.cost.step import StageCost, gathers, optimizer_time_s, stage_costs, sync_buckets
 from hetpp.sim.engine import Collective, RankProgram, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
@@ -129,7 +130,7 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     devices = []
     for r, st in enumerate(stages):
         mem = st.memory
-        static = mem.weights + mem.grads + mem.optimizer + mem.reserve
+        static = mem.weights + mem.grads + mem.optimizer + mem.recv_buffers + mem.reserve
         devices.append(
             DeviceStats(
                 device=st.device,
@@ -160,15 +161,14 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
 def _activation_peaks(
     plan: Plan, cm: CostModel, stages: list[StageCost], trace: Trace
 ) -> np.ndarray:
-    """Per rank: peak of activations held in the replay, plus the send/receive buffers."""
-    saved, transient, buffers = [], [], []
+    """Per rank: peak of what the micro-batches hold in the replay (the cost model's
+    `activations` of one in flight, and its `transient` during each backward)."""
+    saved, transient = [], []
     for st in stages:
         mbs = plan.pipelines[st.pipeline].micro_batch_size
         recompute = plan.pipelines[st.pipeline].stages[st.stage].recomputes(plan.train)
         costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute)
-        a, b = st.layers
-        saved.append(costs.saved(a, b))
-        transient.append(float(costs.peak_extra_bytes[a:b].max(initial=0.0)))
-        # one receive and one send buffer of the largest activation, as the cost model counts
-        buffers.append(2 * float(costs.send_bytes[a:b].max(initial=0.0)))
-    return trace.activation_peak(saved, transient) + buffers
+        one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
+        saved.append(one.activations)
+        transient.append(one.transient)
+    return trace.activation_peak(saved, transient)

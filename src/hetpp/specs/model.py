@@ -261,6 +261,13 @@ def block_params(c: ModelConfig) -> int:
     return qkv + out + mlp + norms * _norm_params(c)
 
 
+def _rms_upcast_bytes(c: ModelConfig, s: int) -> int:
+    """What one RMSNorm keeps besides its input and output, per sequence: the normalised input
+    in float32, whatever the precision (the norm computes in float32: a float32 copy of a half
+    input, or `x * rsqrt(...)` of a float32 one); LayerNorm (GPT) keeps no such copy."""
+    return 0 if c.family == "gpt" else s * c.hidden_size * 4
+
+
 def _block(c: ModelConfig, s: int, d: int) -> dict:
     h, f, q, kvd = c.hidden_size, c.ffn_hidden_size, c.q_dim, c.kv_heads * c.head_dim
     matmul = h * (q + 2 * kvd) + q * h + (3 if c.gated else 2) * h * f
@@ -270,8 +277,8 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         # norm in/out x2, q/k/v, attention out; MLP in, activation in, activation out.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1) + 2 * f
     else:
-        # as GPT plus rotated q/k, fp32 RMSNorm upcasts (2 elements each), SwiGLU gate/up/act/prod.
-        saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac + 2 * 2) + 4 * f
+        # as GPT plus rotated q/k, SwiGLU gate/up/act/prod; and each RMSNorm's float32 copy.
+        saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac) + 4 * f
     n = block_params(c)
     return dict(
         kind="block",
@@ -279,7 +286,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         stored_params=n,
         fwd_flops_per_token=2.0 * matmul + attn,
         send_bytes_per_sample=s * h * d,
-        saved_bytes_per_sample=int(s * saved_elems * d),
+        saved_bytes_per_sample=int(s * saved_elems * d) + 2 * _rms_upcast_bytes(c, s),
         saved_bytes_recompute_per_sample=s * h * d,
     )
 
@@ -303,9 +310,10 @@ def _embedding(c: ModelConfig, s: int, d: int) -> dict:
 def _head(c: ModelConfig, s: int, d: int) -> dict:
     h, v, pv = c.hidden_size, c.vocab_size, c.padded_vocab
     own = _norm_params(c) + (0 if c.tie_embeddings else pv * h)
-    # norm input and output, and the logits the loss keeps for its backward (the padded columns
-    # are sliced off before it, so only `vocab_size` of them are kept).
-    saved = s * (2 * h + v) * d
+    # Norm input and output, the logits (torch's pipeline stage keeps the last stage's output
+    # until its backward: a view of the padded matmul output, so all `padded_vocab` columns stay)
+    # and the loss's float32 log-probabilities over the `vocab_size` real columns.
+    saved = s * (2 * h + pv) * d + s * v * 4 + _rms_upcast_bytes(c, s)
     return dict(
         kind="head",
         params=own,
