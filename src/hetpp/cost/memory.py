@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -91,3 +92,17 @@ def _range_max(values: np.ndarray) -> np.ndarray:
     for a in range(num):
         out[a, a + 1 :] = np.maximum.accumulate(np.maximum(values[a:], 0.0))
     return out
+
+
+def device_memory(stages: Sequence[StageMemory]) -> StageMemory:
+    """One device's memory when it runs several stages (interleaved and V schedules): their
+    states and activations add up (each stage's activations at the device's peak, as the
+    schedule's `in_flight` counts them; transients and buffers per stage, which overstates them a
+    little), the reserve counts once."""
+    return StageMemory(
+        weights=sum(s.weights for s in stages),
+        grads=sum(s.grads for s in stages),
+        optimizer=sum(s.optimizer for s in stages),
+        activations=sum(s.activations for s in stages),
+        reserve=stages[0].reserve,
+    )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import StageMemory, stage_memory
+from hetpp.cost.memory import StageMemory, device_memory, stage_memory
 from hetpp.cost.params import tied_copy_params
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
+from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, weight_grad_s
 from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -26,6 +27,9 @@ class StageCost:
     """Forward seconds per micro-batch."""
     bwd_s: float
     """Backward seconds per micro-batch (with recomputation when on)."""
+    weight_s: float
+    """Of `bwd_s`, the weight-grad part (W) a split-backward schedule runs apart
+    (`hetpp.cost.pipeline.weight_grad_s`)."""
     send_s: float
     """One-way activation transfer to the next stage, per micro-batch (0 for the last)."""
     memory: StageMemory
@@ -66,7 +70,9 @@ class StepCost:
 
     @property
     def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
+        return all(s.fits for s in self.stages) and all(
+            m.total <= cap for m, cap in device_memories(self.stages).values()
+        )
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -102,12 +108,23 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
             p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
         ]
         fwd, bwd, comm = stage_times(costs, bounds, links)
+        # two stages on one device (a V's turn) hand over in memory
+        comm = [0.0 if a.device == b.device else c
+                for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
+        weight = [
+            weight_grad_s(b, f if st.recomputes(train) else 0.0)
+            for f, b, st in zip(fwd, bwd, pipe.stages)
+        ]
         schedule = pipe.schedule_in(train)
-        total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name)
+        num, d_count = len(pipe.stages), len(pipe.devices)
+        total = pipeline_time_s(
+            fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight
+        )
         done = backward_done_s(bwd, comm, total)
-        num = len(pipe.stages)
+        if schedule.splits_backward:  # deferred weight-grads end every device late
+            done = [total] * num
         for s, st in enumerate(pipe.stages):
-            k = schedule.in_flight(s, num, pipe.num_micro_batches)
+            k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
             mem = stage_memory(cm.model, train, costs[s], *st.layers, k)
             stages.append(
                 StageCost(
@@ -118,6 +135,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
                     st.layers,
                     fwd[s],
                     bwd[s],
+                    weight[s],
                     comm[s] if s < len(comm) else 0.0,
                     mem,
                     costs[s].gpu.memory_bytes,
@@ -126,6 +144,17 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
             )
         times.append(total)
     return stages, times
+
+
+def device_memories(stages: Sequence[StageCost]) -> dict[int, tuple[StageMemory, float]]:
+    """Per device: its memory over all the stages it runs, and its capacity."""
+    by_device: dict[int, list[StageCost]] = {}
+    for st in stages:
+        by_device.setdefault(st.device, []).append(st)
+    return {
+        d: (device_memory([x.memory for x in own]), own[0].capacity_bytes)
+        for d, own in by_device.items()
+    }
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
@@ -143,7 +172,7 @@ def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[Syn
         (owners, allreduce_time_s(n * grad, len(set(owners)), group_link(cm.cluster, owners)))
         for owners, _, n in order
     ]
-    times, _ = run_buckets(durations, {s.device: s.done_s for s in stages})
+    times, _ = run_buckets(durations, _done_per_device(stages))
     out = [
         SyncBucket(owners, blocks, n * grad, ready, start, end)
         for (owners, blocks, n), (ready, start, end) in zip(order, times)
@@ -169,12 +198,12 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     """Full cost of one step of `plan`."""
     stages, times = stage_costs(plan, cm)
     buckets = sync_buckets(plan, cm, stages)
-    end = {s.device: s.done_s for s in stages}
+    end = _done_per_device(stages)
     pipe_end = {s.device: times[s.pipeline] for s in stages}
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {s.device: optimizer_time_s(cm, s) for s in stages}
+    opt = {d: device_optimizer_time_s(cm, [s for s in stages if s.device == d]) for d in end}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     return StepCost(
@@ -188,9 +217,16 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     )
 
 
-def optimizer_time_s(cm: CostModel, stage: StageCost) -> float:
-    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`)."""
-    m = stage.memory
-    return optimizer_step_s(
-        m.weights + m.grads + m.optimizer, cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
-    )
+def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:
+    """When each device finishes its last backward (its latest stage's)."""
+    done: dict[int, float] = {}
+    for s in stages:
+        done[s.device] = max(done.get(s.device, 0.0), s.done_s)
+    return done
+
+
+def device_optimizer_time_s(cm: CostModel, stages: Sequence[StageCost]) -> float:
+    """The optimizer step of one device over the stages it runs
+    (`hetpp.cost.sync.optimizer_step_s`)."""
+    state = sum(s.memory.weights + s.memory.grads + s.memory.optimizer for s in stages)
+    return optimizer_step_s(state, cm.cluster.gpu(stages[0].device).mem_bw_bytes_per_s)
