@@ -62,7 +62,16 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="activation recomputation: auto plans both ways and keeps the faster",
     )
-    p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
+    one_chunk = tuple(n for n, s in SCHEDULES.items() if s.placement == "one")
+    p.add_argument("--schedule", choices=one_chunk, default=one_chunk[0])
+    p.add_argument(
+        "--try-schedules",
+        nargs="*",
+        metavar="NAME",
+        choices=tuple(n for n in SCHEDULES if n not in one_chunk),
+        help="multi-chunk schedules the planner may give each pipeline (interleaved, V); "
+        "default: those hetpp train runs; none: one-chunk only",
+    )
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--reserve-gb",
@@ -110,6 +119,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         micro_batch_sizes=args.micro_batch_sizes,
         recompute_mode=args.recompute,
         profiles=load_profiles(args.profile) if args.profile else None,
+        schedules=None if args.try_schedules is None else tuple(args.try_schedules),
     )
 
 

@@ -31,6 +31,7 @@ from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import Layout, min_time
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
+from hetpp.planner.schedules import Split
 from hetpp.planner.shapes import ShapeContext, Workspace, run_lengths, template_arrays
 
 
@@ -177,11 +178,23 @@ def _signature(problem: Problem, pipe: Pipe) -> tuple:
 
 
 def _result(problem: Problem, strategy: str, cands: list[Draft], t0: float) -> PlanResult:
-    best = best_candidate(problem, cands, strategy)
+    one_chunk: list[float] = []
+    best = best_candidate(
+        problem, cands, strategy, freedom=SCHEDULE_FREEDOM[strategy], costed=one_chunk.append
+    )
     elapsed = time.perf_counter() - t0
     if best is None:
         return PlanResult(strategy, None, None, elapsed, "no plan of this kind fits")
-    return PlanResult(strategy, best[0], best[1], elapsed)
+    return PlanResult(strategy, best[0], best[1], elapsed, one_chunk_s=min(one_chunk))
+
+
+SCHEDULE_FREEDOM: dict[str, tuple[Split, bool]] = {
+    "uniform": ("equal", False),
+    "layer-balanced": ("balanced", False),
+    "data-balanced": ("equal", True),
+}
+"""How each baseline may re-split and re-balance a pipeline it moves to a multi-chunk schedule
+(`hetpp.planner.schedules`): its own kind of layer split and batch shares."""
 
 
 DEPTHS = 6

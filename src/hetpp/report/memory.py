@@ -37,7 +37,7 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
             recompute = pipe.stages[st.stage].recomputes(plan.train)
             costs = cm.layer_costs(cm.cluster.gpu(st.device), pipe.micro_batch_size, recompute)
             k = pipe.schedule_in(plan.train).in_flight(
-                st.stage, len(pipe.stages), pipe.num_micro_batches
+                st.stage, len(pipe.stages), pipe.num_micro_batches, len(pipe.devices)
             )
             acts = k * costs.saved(*st.layers)
         predicted = states + acts

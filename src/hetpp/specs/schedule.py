@@ -218,8 +218,9 @@ class ScheduleSpec:
     multiple of `rounds`."""
     splits_backward: bool = False
     """Backwards run (some or all) as an input-grad part I and a weight-grad part W."""
-    runtime_ready: bool = True
-    """`hetpp train` executes it; the runtime's contract refuses plans naming one that is not."""
+    executable: bool = False
+    """The runtime executes this schedule (`hetpp.runtime.contract` refuses a plan naming one
+    that it does not; the planner gives pipelines only these unless told otherwise)."""
 
     def allows_chunks(self, chunks: int) -> bool:
         """Whether a pipeline may run `chunks` stages per device under this schedule."""
@@ -300,6 +301,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             bounded_in_flight=True,
             timing_rule="lockstep",
             order=one_f_one_b_order,
+            executable=True,
         ),
         ScheduleSpec(
             name="gpipe",
@@ -308,6 +310,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             bounded_in_flight=False,
             timing_rule="flow-lines",
             order=gpipe_order,
+            executable=True,
         ),
         ScheduleSpec(
             name="interleaved-1f1b",
@@ -318,7 +321,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=interleaved_1f1b_order,
             placement="loop",
             rounds_divide_micro_batches=True,
-            runtime_ready=False,
         ),
         ScheduleSpec(
             name="interleaved-zb",
@@ -330,7 +332,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             placement="loop",
             rounds_divide_micro_batches=True,
             splits_backward=True,
-            runtime_ready=False,
         ),
         ScheduleSpec(
             name="zbv",
@@ -341,7 +342,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=zbv_order,
             placement="v",
             splits_backward=True,
-            runtime_ready=False,
         ),
         ScheduleSpec(
             name="dualpipev",
@@ -352,7 +352,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=dualpipev_order,
             placement="v",
             splits_backward=True,
-            runtime_ready=False,
         ),
     )
 }
