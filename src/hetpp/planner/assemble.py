@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,7 +16,6 @@ from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
-from hetpp.planner.schedules import Split, choose_schedules
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
@@ -39,9 +38,6 @@ class PlanResult:
     search_time_s: float = 0.0
     note: str = ""
     """Why the strategy found nothing, or what it could not do."""
-    one_chunk_s: float | None = None
-    """Full cost of the fastest plan the strategy found before the schedule pass
-    (`hetpp.planner.schedules`); None: the plan's own."""
 
     @property
     def feasible(self) -> bool:
@@ -177,18 +173,9 @@ def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -
 
 
 def best_candidate(
-    problem: Problem,
-    candidates: Sequence[Draft],
-    strategy: str,
-    top: int = 2,
-    freedom: tuple[Split, bool] = ("balanced", True),
-    bound_s: float = math.inf,
-    costed: Callable[[float], None] | None = None,
+    problem: Problem, candidates: Sequence[Draft], strategy: str, top: int = 2
 ) -> tuple[Plan, StepCost] | None:
-    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest.
-    Each candidate that could beat the best so far (and `bound_s`) once its bubbles are gone
-    also gets the schedule pass (`hetpp.planner.schedules`, with the strategy's `freedom`:
-    split, rebalance). `costed` hears each fitting candidate's time before the pass."""
+    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
     best: tuple[Plan, StepCost] | None = None
     tried = 0
     for c in sorted(candidates, key=lambda c: c.estimate_s):
@@ -200,26 +187,9 @@ def best_candidate(
         tried += 1
         plan = drop_unneeded_recompute(problem, plan)
         step = evaluate(problem, plan)
-        if not step.fits:
-            continue
-        if costed:
-            costed(step.iteration_time_s)
-        beat = min(bound_s, best[1].iteration_time_s if best else math.inf)
-        if problem.chunked_schedules and _without_bubbles_s(plan, step) < beat:
-            plan, step = choose_schedules(problem, plan, *freedom)
-        if best is None or step.iteration_time_s < best[1].iteration_time_s:
+        if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
             best = (plan, step)
     return best
-
-
-def _without_bubbles_s(plan: Plan, step: StepCost) -> float:
-    """A lower bound on the step once no pipeline idles: each pipeline's bubble (its time less
-    m x its slowest stage's work) taken off the step."""
-    bubble = [
-        t - p.num_micro_batches * max(s.fwd_s + s.bwd_s for s in step.stages if s.pipeline == i)
-        for i, (p, t) in enumerate(zip(plan.pipelines, step.pipeline_time_s))
-    ]
-    return step.iteration_time_s - max(bubble)
 
 
 def layout_key(layout: Sequence[tuple[TemplateCost, int]]) -> tuple:
@@ -228,35 +198,32 @@ def layout_key(layout: Sequence[tuple[TemplateCost, int]]) -> tuple:
 
 
 class Incumbent:
-    """The best plan so far, and the bound it sets: new layouts are ranked by the full cost.
+    """The best plans so far, and the bound the best sets: new layouts are ranked by the full
+    cost. It keeps the `keep` fastest (distinct) ones, for the schedule pass to try at the end
+    (`hetpp.planner.schedules`: a runner-up with deeper pipelines may gain more)."""
 
-    With multi-chunk schedules allowed, the search still prunes with the best one-chunk plan's
-    time (the layouts it explores are those it explored before), while the result is the
-    fastest plan after the schedule pass (`hetpp.planner.schedules`). A layout pruned that way
-    could only have won through its own bubbles: the search does not follow those (a limit:
-    the pass cannot reach shapes the one-chunk search ranks out)."""
-
-    def __init__(self, problem: Problem, strategy: str):
+    def __init__(self, problem: Problem, strategy: str, keep: int = 1):
         self.problem = problem
         self.strategy = strategy
-        self.result: PlanResult | None = None
-        self._one_chunk_s = math.inf
+        self.keep = keep
+        self.results: list[PlanResult] = []
+        """The fastest results so far, fastest first."""
         self._seen: set[tuple] = set()
 
     @property
-    def bound(self) -> float:
-        """One-chunk cost a layout must beat to be worth costing (inf before the first)."""
-        return self._one_chunk_s
+    def result(self) -> PlanResult | None:
+        return self.results[0] if self.results else None
 
-    def _costed(self, time_s: float) -> None:
-        self._one_chunk_s = min(self._one_chunk_s, time_s)
+    @property
+    def bound(self) -> float:
+        """Full cost of the best plan so far (inf before the first)."""
+        return self.result.iteration_time_s if self.result else math.inf
 
     def offer_result(self, r: PlanResult) -> None:
-        """Keep a finished result if it is the fastest so far."""
-        if r.feasible:
-            self._costed(r.iteration_time_s if r.one_chunk_s is None else r.one_chunk_s)
-            if self.result is None or r.iteration_time_s < self.result.iteration_time_s:
-                self.result = r
+        """Keep a finished result if it is among the fastest so far."""
+        if not r.feasible or any(r.iteration_time_s == x.iteration_time_s for x in self.results):
+            return
+        self.results = sorted([*self.results, r], key=lambda x: x.iteration_time_s)[: self.keep]
 
     def offer(
         self, ctx: ShapeContext, layouts: Sequence[Sequence[tuple[TemplateCost, int]]]
@@ -271,9 +238,6 @@ class Incumbent:
             pipes = layout_pipes(self.problem, layout)
             if pipes is not None:
                 cands.append(Draft(0.0, ctx.recompute, ctx.mbs, pipes))
-        best = self.result.iteration_time_s if self.result else math.inf
-        got = best_candidate(
-            self.problem, cands, self.strategy, top=len(cands), bound_s=best, costed=self._costed
-        )
+        got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
         if got:
             self.offer_result(PlanResult(self.strategy, got[0], got[1]))
