@@ -186,6 +186,18 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         f"- hpp search time, slowest scenario: {_secs(s['search_64'])} at 64 GPUs, "
         f"{_secs(s['search_1024'])} at 1024 GPUs.",
     ]
+    low = [r for r in rows if r["hpp"]["tput"] / r["limit"] < 0.6]
+    if low:
+        lines.append(
+            "- below 60% of the limit (gradient sync of the whole model over the slowest link "
+            "its buckets cross, alone, as a share of the step): "
+            + "; ".join(
+                f"{r['cluster']} {r['model']} {r['hpp']['tput'] / r['limit']:.0%} "
+                f"(sync {r['hpp']['sync_share']:.0%})"
+                for r in low
+            )
+            + "."
+        )
     if s["oracle"]:
         worst = max(abs(h / o - 1) for h, o in s["oracle"])
         lines.append(

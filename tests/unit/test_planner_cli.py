@@ -132,3 +132,20 @@ def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys
     assert "hpp search only" in capsys.readouterr().err
     assert main([*args, "--time-limit", "0"]) == 2  # main returns argparse's exit code
     assert "--time-limit: expected a finite number > 0" in capsys.readouterr().err
+
+
+def test_plan_tries_multi_chunk_schedules_when_asked(tmp_path, capsys):
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-1.3b", "--seq-len", "1024"]
+    out = tmp_path / "plan.json"
+    chunked = ["interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"]
+    assert (
+        main([*args, "--global-batch", "32", "--try-schedules", *chunked, "--out", str(out)]) == 0
+    )
+    plan = load_plan(out)
+    shown = capsys.readouterr().out
+    assert "schedule" in shown
+    for pipe in plan.pipelines:
+        name = pipe.schedule_in(plan.train).name
+        assert name in shown and (pipe.chunks > 1) == (name in chunked)
+    # the search itself runs a one-chunk schedule
+    assert main([*args, "--global-batch", "32", "--schedule", "zbv"]) == 2
