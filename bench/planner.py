@@ -23,9 +23,13 @@ from pathlib import Path
 
 import yaml
 
+from hetpp.cost.comm import allreduce_time_s, group_link
+from hetpp.cost.step import cost_model_for_plan
 from hetpp.planner import BASELINES, Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.oracle import MAX_DEVICES
+from hetpp.report.plans import schedule_summary
 from hetpp.specs import TrainSpec, load_cluster, load_model
+from hetpp.specs.schedule import SCHEDULES
 
 HERE = Path(__file__).parent
 NOTES = "## Reading the results"
@@ -44,12 +48,20 @@ def scenarios(quick: bool) -> list[tuple[Path, str, int, int]]:
     return out
 
 
-def run_one(cluster_file: Path, model: str, batch: int, seq: int, oracle: bool) -> dict:
+def run_one(
+    cluster_file: Path,
+    model: str,
+    batch: int,
+    seq: int,
+    oracle: bool,
+    schedules: tuple[str, ...] | None = None,
+) -> dict:
     cluster = load_cluster(cluster_file)
     spec = load_model(model, seq)
 
     def problem() -> Problem:
-        return Problem(spec, cluster, TrainSpec(global_batch=batch, seq_len=seq))
+        train = TrainSpec(global_batch=batch, seq_len=seq)
+        return Problem(spec, cluster, train, schedules=schedules)
 
     row = {
         "cluster": cluster.name,
@@ -72,15 +84,30 @@ def run_one(cluster_file: Path, model: str, batch: int, seq: int, oracle: bool) 
             "devices": r.plan.num_devices if r.plan else 0,
             "origin": r.note.split(" plan was")[0].removeprefix("the ") if r.note else "hpp",
             "setting": _setting(r.plan) if r.plan else "",
+            "sync_share": _sync_share(r) if r.plan else 0.0,
         }
     return row
+
+
+def _sync_share(result) -> float:
+    """Gradient sync over the slowest link alone, as a share of the step: the whole model's
+    gradient all-reduced once over the plan's pipelines on the slowest link any of its buckets
+    crosses (what no schedule can hide when it exceeds the compute)."""
+    plan, step = result.plan, result.step
+    cm = cost_model_for_plan(plan)
+    nbytes = cm.model.total_params * plan.train.grad_bytes_per_param
+    links = [group_link(cm.cluster, b.owners) for b in step.buckets if len(set(b.owners)) > 1]
+    if not links:
+        return 0.0
+    slow = min(links, key=lambda link: link.bw_bytes_per_s)
+    return allreduce_time_s(nbytes, len(plan.pipelines), slow) / step.iteration_time_s
 
 
 def _setting(plan) -> str:
     """Schedule, micro-batch sizes and recomputation of a plan, as the table shows them."""
     sizes = sorted({p.micro_batch_size for p in plan.pipelines})
     rc = "recompute" if plan.train.recompute else "no recompute"
-    return f"{plan.train.schedule}, mbs {'/'.join(map(str, sizes))}, {rc}"
+    return f"{schedule_summary(plan)}, mbs {'/'.join(map(str, sizes))}, {rc}"
 
 
 def speedups(row: dict) -> dict[str, float]:
@@ -159,6 +186,18 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         f"- hpp search time, slowest scenario: {_secs(s['search_64'])} at 64 GPUs, "
         f"{_secs(s['search_1024'])} at 1024 GPUs.",
     ]
+    low = [r for r in rows if r["hpp"]["tput"] / r["limit"] < 0.6]
+    if low:
+        lines.append(
+            "- below 60% of the limit (gradient sync of the whole model over the slowest link "
+            "its buckets cross, alone, as a share of the step): "
+            + "; ".join(
+                f"{r['cluster']} {r['model']} {r['hpp']['tput'] / r['limit']:.0%} "
+                f"(sync {r['hpp']['sync_share']:.0%})"
+                for r in low
+            )
+            + "."
+        )
     if s["oracle"]:
         worst = max(abs(h / o - 1) for h, o in s["oracle"])
         lines.append(
@@ -170,8 +209,9 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         "## Scenarios",
         "",
         "*hpp plan*: `own` when hpp's own search found the best plan, else the baseline whose "
-        "plan it kept. *hpp setting*: its schedule (the suite's TrainSpec default; the search "
-        "does not choose it), micro-batch size and recomputation. *no plan*: the baseline found "
+        "plan it kept. *hpp setting*: the schedules its pipelines run (how many pipelines each, "
+        "`/2`: two chunks per device; the one-chunk default is the suite's TrainSpec's), "
+        "micro-batch size and recomputation. *no plan*: the baseline found "
         "nothing that fits.",
         "",
         "| cluster | GPUs | types | model | batch | hpp samples/s | % of limit | vs uniform "
@@ -199,10 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the quick scenarios, one model")
     ap.add_argument("--out", help="write Markdown results here")
     ap.add_argument("--no-oracle", action="store_true", help="skip the oracle on small clusters")
+    ap.add_argument(
+        "--schedules",
+        nargs="*",
+        metavar="NAME",
+        help="multi-chunk schedules the strategies may give pipelines (default: every one in "
+        "the registry; none: 1F1B only)",
+    )
     args = ap.parse_args(argv)
+    chunked = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
+    schedules = chunked if args.schedules is None else tuple(args.schedules)
     rows = []
     for cluster_file, model, batch, seq in scenarios(args.quick):
-        rows.append(run_one(cluster_file, model, batch, seq, not args.no_oracle))
+        rows.append(run_one(cluster_file, model, batch, seq, not args.no_oracle, schedules))
         print_row(rows[-1])
     s = summary(rows)
     print(

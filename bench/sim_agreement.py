@@ -45,7 +45,9 @@ def old_form(plan, cm) -> list[float]:
         fill = sum(s.fwd_s + s.bwd_s + 2 * s.send_s for s in st)
         # the beat as if links were free: slowest f+b for 1F1B, slowest f + slowest b for GPipe
         free = [0.0] * (len(st) - 1)
-        beat = beat_s([s.fwd_s for s in st], [s.bwd_s for s in st], free, plan.schedule)
+        beat = beat_s(
+            [s.fwd_s for s in st], [s.bwd_s for s in st], free, plan.schedule, len(pipe.devices)
+        )
         out.append(fill + (pipe.num_micro_batches - 1) * beat)
     return out
 
@@ -59,6 +61,7 @@ def measure(items: Iterator[Case], profiles) -> list[dict]:
         rows.append(
             {
                 "name": case.name,
+                "schedule": case.plan.schedule,
                 "fits": step_cost(case.plan, cm).fits,
                 "iteration": a.rel_diff,
                 # as a share of the step, since exposed sync is often 0 on one side
@@ -93,6 +96,15 @@ def report(rows: list[dict], top: int, seconds: float) -> None:
         print(f"| {label} | exposed sync, share of step | {stats([r['sync'] for r in sel])} |")
         print(f"| {label} | pipeline time | {stats(pipes)} |")
         print(f"| {label} | pipeline, old 1F1B form | {stats(old)} |")
+    print("\nPer schedule, plans that fit memory:\n")
+    print("| schedule | what | n | median abs | p90 abs | max abs | min | max |")
+    print("|" + "---|" * 8)
+    for name in dict.fromkeys(r["schedule"] for r in rows):
+        sel = [r for r in rows if r["fits"] and r["schedule"] == name]
+        if sel:
+            print(f"| {name} | iteration time | {stats([r['iteration'] for r in sel])} |")
+            pipes = [x for r in sel for x in r["pipelines"]]
+            print(f"| {name} | pipeline time | {stats(pipes)} |")
     print(f"\n{len(rows)} plans in {seconds:.1f} s. Largest iteration-time differences:\n")
     print("| plan | fits | iteration | worst pipeline |")
     print("|---|---|---|---|")
@@ -107,9 +119,12 @@ def main() -> None:
     ap.add_argument("paths", nargs="*", help="plan JSON files or directories (default: built-in)")
     ap.add_argument("--profile", nargs="*", default=[], metavar="CSV")
     ap.add_argument("--top", type=int, default=10, help="list this many worst plans")
+    ap.add_argument("--schedule", nargs="*", default=[], help="only the built-in plans of these")
     args = ap.parse_args()
     t0 = time.perf_counter()
     items = plan_files(args.paths) if args.paths else cases()
+    if args.schedule:
+        items = (c for c in items if c.plan.schedule in args.schedule)
     rows = measure(items, load_profiles(args.profile))
     report(rows, args.top, time.perf_counter() - t0)
 

@@ -87,17 +87,31 @@ def make_plan(
     schedule: str = "1f1b",
     seq_len: int = 2048,
 ) -> Plan:
-    """A plan with balanced stages and batch shares for the given device lists."""
+    """A plan with balanced stages and batch shares for the given device lists. Under a
+    multi-chunk schedule each device runs two chunks, placed as the schedule says."""
+    spec = SCHEDULES[schedule]
+    chunks = 1 if spec.placement == "one" else 2
     train = TrainSpec(global_batch=global_batch, seq_len=seq_len, schedule=schedule)
     cm = CostModel(load_model(model, seq_len), train, cluster)
     pipes, rates = [], []
     for devs in pipelines:
-        ranges = split_layers(cm, devs, mbs)
-        pipes.append([{"devices": [d], "layers": list(r)} for d, r in zip(devs, ranges)])
-        costs = [cm.layer_costs(cluster.gpu(d), mbs) for d in devs]
-        rates.append(1 / max(c.fwd(*r) + c.bwd(*r) for c, r in zip(costs, ranges)))
-    minimum = [SCHEDULES[schedule].min_micro_batches(len(p)) for p in pipelines]
+        placed = [devs[spec.device_index(s, len(devs))] for s in range(chunks * len(devs))]
+        if len(placed) > len(cm.model.layers):
+            raise ValueError(f"{len(placed)} stages for {len(cm.model.layers)} layers")
+        ranges = split_layers(cm, placed, mbs)
+        pipes.append([{"devices": [d], "layers": list(r)} for d, r in zip(placed, ranges)])
+        work = dict.fromkeys(devs, 0.0)
+        for d, r in zip(placed, ranges):
+            c = cm.layer_costs(cluster.gpu(d), mbs)
+            work[d] += c.fwd(*r) + c.bwd(*r)
+        rates.append(1 / max(work.values()))
+    minimum = [spec.min_micro_batches(len(p)) for p in pipes]
     counts = _micro_batches(rates, global_batch // mbs, minimum)
+    for i, devs in enumerate(pipelines):  # torch's rounds rule: the nearest valid count below
+        while counts[i] > minimum[i] and spec.micro_batch_problem(
+            len(pipes[i]), len(devs), counts[i]
+        ):
+            counts[i] -= 1
     return Plan(
         global_batch=mbs * sum(counts),
         seq_len=seq_len,
@@ -142,9 +156,16 @@ def slow_network(cluster: Cluster) -> Cluster:
     return cluster.model_copy(update={"name": cluster.name + "-10gbe", "inter_node_GBps": 1.25})
 
 
+RUNS = [(128, "1f1b"), (512, "1f1b"), (128, "gpipe")] + [
+    (128, name) for name, spec in SCHEDULES.items() if spec.placement != "one"
+]
+"""(global batch, schedule) of every shape."""
+
+
 def cases() -> Iterator[Case]:
     """Varied shapes: homogeneous pipelines per GPU type at several depths, mixed pipelines
-    crossing nodes, deep pipelines, three micro-batch sizes, both schedules."""
+    crossing nodes, deep pipelines, three micro-batch sizes; 1F1B at two batches and GPipe, and
+    every multi-chunk schedule (two chunks per device) at the smaller batch."""
     av = load_cluster(ROOT / "examples" / "a100-v100.yaml")
     a100, v100 = list(range(16)), list(range(16, 32))
     av10 = slow_network(av)
@@ -170,11 +191,11 @@ def cases() -> Iterator[Case]:
     for model in models:
         for shape, (cluster, pipes) in shapes.items():
             for mbs in (1, 2, 4):
-                for batch, schedule in ((128, "1f1b"), (512, "1f1b"), (128, "gpipe")):
+                for batch, schedule in RUNS:
                     name = f"{model} {shape} mbs{mbs} B{batch} {schedule}"
                     try:
                         yield Case(name, make_plan(cluster, model, pipes, mbs, batch, schedule))
-                    except ValueError:  # too few micro-batches for this many pipelines
+                    except ValueError:  # too few micro-batches (or layers) for this shape
                         continue
 
 

@@ -6,7 +6,7 @@ from hetpp.cost.comm import allreduce_time_s, group_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel
 from hetpp.cost.memory import stage_memory
 from hetpp.cost.params import stage_params, tied_copy_params
-from hetpp.cost.step import cost_model_for_plan, optimizer_time_s, step_cost
+from hetpp.cost.step import cost_model_for_plan, device_optimizer_time_s, step_cost
 from hetpp.planner import plan as run_planner
 from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
 from hetpp.specs.cluster import Link
@@ -90,7 +90,8 @@ def test_sharded_sync_is_reduce_scatter_then_step_then_all_gather():
     # Every stage steps half its parameters; the step ends with the last all-gather, after
     # each of its owners' optimizer steps.
     for st in b.stages:
-        assert optimizer_time_s(cm, st, 2) == pytest.approx(optimizer_time_s(cm, st) / 2)
+        half = device_optimizer_time_s(cm, [st], 2)
+        assert half == pytest.approx(device_optimizer_time_s(cm, [st]) / 2)
         assert st.memory.optimizer == pytest.approx(a.stages[st.device].memory.optimizer / 2)
     assert b.optimizer_s == pytest.approx(a.optimizer_s / 2)
     assert b.iteration_time_s == pytest.approx(max(g.end_s for g in b.gathers))

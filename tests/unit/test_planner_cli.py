@@ -178,3 +178,20 @@ def test_plan_sharding_option_and_its_line(tmp_path, capsys):
         assert ("optimizer sharding: each bucket's optimizer state split over its 2" in text) == (
             want == "optimizer"
         )
+
+
+def test_plan_tries_multi_chunk_schedules_when_asked(tmp_path, capsys):
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-1.3b", "--seq-len", "1024"]
+    out = tmp_path / "plan.json"
+    chunked = ["interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"]
+    assert (
+        main([*args, "--global-batch", "32", "--try-schedules", *chunked, "--out", str(out)]) == 0
+    )
+    plan = load_plan(out)
+    shown = capsys.readouterr().out
+    assert "schedule" in shown
+    for pipe in plan.pipelines:
+        name = pipe.schedule_in(plan.train).name
+        assert name in shown and (pipe.chunks > 1) == (name in chunked)
+    # the search itself runs a one-chunk schedule
+    assert main([*args, "--global-batch", "32", "--schedule", "zbv"]) == 2

@@ -52,7 +52,9 @@ def test_a_split_over_memory_is_rebalanced_within_the_cap():
     assert result.feasible and result.step.fits
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+# The schedules pipelines are shaped under (multi-chunk ones are tried per pipeline afterwards,
+# `planner.schedules`, and keep only plans that fit: `evaluate`).
+@pytest.mark.parametrize("schedule", [n for n, s in SCHEDULES.items() if s.placement == "one"])
 def test_every_schedule_is_capped_and_every_plan_fits(schedule):
     p, pipes = _two_pipelines(schedule, 1536)
     cap = pipe_group(p, False, 1, pipes[0]).hi

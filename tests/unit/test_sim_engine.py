@@ -5,6 +5,7 @@ import pytest
 
 from hetpp.cost.pipeline import pipeline_time_s
 from hetpp.sim import Collective, Deadlock, RankProgram, ScheduleError, run, simulate_pipeline
+from hetpp.sim.engine import StageWork
 from hetpp.sim.schedule import Action
 from hetpp.sim.trace import Kind
 
@@ -66,8 +67,8 @@ def test_link_is_one_resource_per_direction():
 
 def test_collective_starts_when_its_last_member_arrives():
     progs = [
-        RankProgram((Action(0, "F", 0), Action(0, "SYNC", 0)), fwd_s=1, bwd_s=0),
-        RankProgram((Action(0, "F", 0), Action(0, "SYNC", 0)), fwd_s=3, bwd_s=0),
+        RankProgram((Action(0, "F", 0), Action(0, "SYNC", 0)), {0: StageWork(fwd_s=1, bwd_s=0)}),
+        RankProgram((Action(0, "F", 0), Action(0, "SYNC", 0)), {0: StageWork(fwd_s=3, bwd_s=0)}),
     ]
     tr = run(progs, [Collective((0, 1), 0.5)])
     sel = tr.kind == Kind.SYNC
@@ -78,10 +79,12 @@ def test_deadlock_is_reported_not_hung():
     # Rank 0 waits for a gradient before sending the activation rank 1 needs first.
     progs = [
         RankProgram(
-            (Action(0, "RECV_B", 0), Action(0, "F", 0), Action(0, "SEND_F", 0)), 1, 1, next=1
+            (Action(0, "RECV_B", 0), Action(0, "F", 0), Action(0, "SEND_F", 0)),
+            {0: StageWork(1, 1, next=1)},
         ),
         RankProgram(
-            (Action(1, "RECV_F", 0), Action(1, "F", 0), Action(1, "SEND_B", 0)), 1, 1, prev=0
+            (Action(1, "RECV_F", 0), Action(1, "F", 0), Action(1, "SEND_B", 0)),
+            {1: StageWork(1, 1, prev=0)},
         ),
     ]
     with pytest.raises(Deadlock) as e:
@@ -92,8 +95,8 @@ def test_deadlock_is_reported_not_hung():
 
 def test_collectives_in_different_orders_deadlock():
     progs = [
-        RankProgram((Action(0, "SYNC", 0), Action(0, "SYNC", 1)), 0, 0, name="device 3"),
-        RankProgram((Action(0, "SYNC", 1), Action(0, "SYNC", 0)), 0, 0, name="device 7"),
+        RankProgram((Action(0, "SYNC", 0), Action(0, "SYNC", 1)), {}, name="device 3"),
+        RankProgram((Action(0, "SYNC", 1), Action(0, "SYNC", 0)), {}, name="device 7"),
     ]
     with pytest.raises(Deadlock, match="all-reduce 0 still needs device 7"):
         run(progs, [Collective((0, 1), 1.0), Collective((0, 1), 1.0)])
@@ -101,10 +104,10 @@ def test_collectives_in_different_orders_deadlock():
 
 def test_malformed_lists_are_rejected():
     with pytest.raises(ScheduleError, match="no peer"):
-        run([RankProgram((Action(0, "SEND_F", 0),), 1, 1)])
+        run([RankProgram((Action(0, "SEND_F", 0),), {0: StageWork(1, 1)})])
     stray = [
-        RankProgram((Action(0, "SEND_F", 0),), 1, 1, next=1),
-        RankProgram((Action(1, "F", 0),), 1, 1, prev=0),
+        RankProgram((Action(0, "SEND_F", 0),), {0: StageWork(1, 1, next=1)}),
+        RankProgram((Action(1, "F", 0),), {1: StageWork(1, 1, prev=0)}),
     ]
     with pytest.raises(ScheduleError, match="never received"):
         run(stray)

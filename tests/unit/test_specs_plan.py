@@ -129,3 +129,21 @@ def test_placement_puts_each_stage_on_its_device(placement, chunks, devices):
     assert spec.allows_chunks(chunks)
     assert spec.allows_chunks(chunks + 1) == (placement == "loop")
     assert [spec.device_index(s, 3) for s in range(3 * chunks)] == devices
+
+
+def test_multi_chunk_schedules_hold_torchs_micro_batch_rules(small_cluster):
+    # 2 devices x 2 chunks of tiny-gpt's 6 layers; stage i on device i mod 2 (loop) or in a V.
+    loop = [(0, (0, 2)), (1, (2, 3)), (0, (3, 4)), (1, (4, 6))]
+    vee = [(0, (0, 2)), (1, (2, 3)), (1, (3, 4)), (0, (4, 6))]
+    ok = make_plan(small_cluster, [{**pipe(loop, m=6), "schedule": "interleaved-1f1b"}])
+    assert ok.validate_plan().pipelines[0].chunks == 2
+    # 5 micro-batches on 2 devices: 2 rounds, and 5 is not a multiple of 2 (torch refuses it)
+    with pytest.raises(SpecError, match=r"num_micro_batches: interleaved-zb needs .* rounds"):
+        make_plan(
+            small_cluster, [{**pipe(loop, m=5), "schedule": "interleaved-zb"}]
+        ).validate_plan()
+    make_plan(small_cluster, [{**pipe(vee, m=3), "schedule": "zbv"}]).validate_plan()
+    with pytest.raises(SpecError, match=r"DUALPIPEV needs num_micro_batches >= stages \(3 < 4\)"):
+        make_plan(small_cluster, [{**pipe(vee, m=3), "schedule": "dualpipev"}]).validate_plan()
+    with pytest.raises(SpecError, match="places stage 2 of this pipeline on device 1"):
+        make_plan(small_cluster, [{**pipe(loop, m=4), "schedule": "zbv"}]).validate_plan()

@@ -70,7 +70,16 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         "auto: try it where memory or time says so and keep the faster (hetpp train runs "
         "sharded plans in fp32 only)",
     )
-    p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
+    one_chunk = tuple(n for n, s in SCHEDULES.items() if s.placement == "one")
+    p.add_argument("--schedule", choices=one_chunk, default=one_chunk[0])
+    p.add_argument(
+        "--try-schedules",
+        nargs="*",
+        metavar="NAME",
+        choices=tuple(n for n in SCHEDULES if n not in one_chunk),
+        help="multi-chunk schedules the planner may give each pipeline (interleaved, V); "
+        "default: those hetpp train runs; none: one-chunk only",
+    )
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
         "--reserve-gb",
@@ -119,6 +128,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         recompute_mode=args.recompute,
         sharding_mode=args.sharding,
         profiles=load_profiles(args.profile) if args.profile else None,
+        schedules=None if args.try_schedules is None else tuple(args.try_schedules),
     )
 
 

@@ -4,7 +4,7 @@ transients and a reserve."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -181,3 +181,21 @@ def _range_max(values: np.ndarray) -> np.ndarray:
     for a in range(num):
         out[a, a + 1 :] = np.maximum.accumulate(np.maximum(values[a:], 0.0))
     return out
+
+
+def device_memory(stages: Sequence[StageMemory]) -> StageMemory:
+    """One device's memory when it runs several stages (interleaved and V schedules): their
+    states, activations and receive buffers add up (each stage's activations at the device's
+    peak, as the schedule's `in_flight` counts them; every stage keeps its own buffers), and so
+    do the stages' transients (a bound: one backward runs at a time, but the replay shows a
+    stage's transient can meet another stage's peak of held activations), the reserve counts
+    once."""
+    return StageMemory(
+        weights=sum(s.weights for s in stages),
+        grads=sum(s.grads for s in stages),
+        optimizer=sum(s.optimizer for s in stages),
+        activations=sum(s.activations for s in stages),
+        recv_buffers=sum(s.recv_buffers for s in stages),
+        transient=sum(s.transient for s in stages),
+        reserve=stages[0].reserve,
+    )

@@ -16,12 +16,12 @@ from hetpp.specs.schedule import SCHEDULES
 Times = Sequence[float]
 
 
-def _traversal_fill(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+def _traversal_fill(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
     """One micro-batch through every stage and link, forward and back."""
     return sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
 
 
-def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
     """1F1B runs stages in lock-step: in steady state stage s alternates F(r + S-s-1) and B(r),
     so stages s..t form a cycle (F travels s -> t, B comes back, then s may start its next
     forward) that holds t-s+1 micro-batches. Each such window of consecutive stages bounds the
@@ -61,25 +61,103 @@ def _lockstep_beat_numpy(work: np.ndarray, comm: np.ndarray) -> float:
     return float(np.where(span > 0, totals / np.maximum(span, 1), -np.inf).max())
 
 
-def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times) -> float:
+def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
     """GPipe's two phases are flow lines in which each link is a stage of its own: forward
     paced by max(f, c), backward by max(b, c)."""
     c = list(comm_s)
     return float(max([*fwd_s, *c]) + max([*bwd_s, *c]))
 
 
-class TimingRule(NamedTuple):
-    """How a schedule's pipeline time `fill + (m - 1) * beat` is made."""
+def _device_work(fwd_s: Times, bwd_s: Times, placement: str, num_devices: int) -> np.ndarray:
+    """Per device: forward + backward seconds of all its stages for one micro-batch."""
+    spec = next(s for s in SCHEDULES.values() if s.placement == placement)
+    work = np.zeros(num_devices)
+    for s, (f, b) in enumerate(zip(fwd_s, bwd_s)):
+        work[spec.device_index(s, num_devices)] += f + b
+    return work
 
-    fill: Callable[[Times, Times, Times], float]
+
+def _chunked_beat(placement: str):
+    def beat(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, _w: Times) -> float:
+        """Multi-chunk schedules keep every device busy in steady state: each micro-batch adds
+        the busiest device's work over all its chunks (sends overlap compute)."""
+        return float(_device_work(fwd_s, bwd_s, placement, num_devices).max())
+
+    return beat
+
+
+def _chunked_fill(placement: str, split_backward: bool):
+    def fill(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times) -> float:
+        """Interleaving with v chunks cuts 1F1B's compute fill and drain by v: the bubble is
+        the traversal's compute less one beat, over v (uniform stages give Megatron's
+        `(D - 1) (f + b) / v`), plus every hop of the first micro-batch there and back (each
+        chunk boundary is a hop, the wraps from the last device to the first included; hops
+        do not shrink with v). Split backwards fill that compute bubble with deferred
+        weight-grads: what is left is the critical path's share of the work,
+        `(F + I - W) / (F + B)` summed over the stages (the zero-bubble papers'
+        `(D - 1)(f + i - w)`): a third when I ~ W ~ f."""
+        v = len(fwd_s) / num_devices
+        beat = _chunked_beat(placement)(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+        f, b = sum(fwd_s), sum(bwd_s)
+        bubble = (f + b - beat) / v
+        if split_backward and f + b > 0:
+            w = sum(weight_s)
+            bubble *= (f + (b - w) - w) / (f + b)
+        return float(beat + bubble + 2 * sum(comm_s))
+
+    return fill
+
+
+def _chunked_few(placement: str, split_backward: bool):
+    def few(
+        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
+    ) -> tuple[float, float]:
+        """With fewer micro-batches than it takes to fill the loop (interleaved: m < D; ZB-V:
+        m < 2D - 1) the schedules cannot reach their steady state: the first micro-batch's
+        whole path (its weight-grads, when split, left to the end but the first stage's), then
+        each further one a chunk's share of the beat (a split backward's share: the beat less
+        the busiest device's weight-grads, which wait for the drain)."""
+        v = len(fwd_s) / num_devices
+        beat = _chunked_beat(placement)(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+        path = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
+        if not split_backward:
+            return float(path), float(beat / v)
+        weights = np.zeros(num_devices)
+        spec = next(s for s in SCHEDULES.values() if s.placement == placement)
+        for s, w in enumerate(weight_s):
+            weights[spec.device_index(s, num_devices)] += w
+        return float(path - sum(weight_s) + weight_s[0]), float(beat - weights.max())
+
+    return few
+
+
+class TimingRule(NamedTuple):
+    """How a schedule's pipeline time `fill + (m - 1) * beat` is made. All take
+    `(fwd_s, bwd_s, comm_s, num_devices, weight_s)` (per stage; `weight_s` is the W part of each
+    backward, read by the split-backward rules)."""
+
+    fill: Callable[..., float]
     """Seconds of the first micro-batch through all stages and back (fill and drain)."""
-    beat: Callable[[Times, Times, Times], float]
+    beat: Callable[..., float]
     """Steady-state seconds each further micro-batch adds."""
+    few: Callable[..., tuple[float, float]] | None = None
+    """A second line `(fill, beat)` the time never falls below, for schedules whose steady
+    state needs more micro-batches than they may run (`pipeline_time_s` takes the larger; the
+    planner's data balance reads the first line only, and the full cost judges its plans)."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
     "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
     "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
+    "interleaved": TimingRule(
+        _chunked_fill("loop", False), _chunked_beat("loop"), _chunked_few("loop", False)
+    ),
+    "zero-bubble": TimingRule(
+        _chunked_fill("loop", True), _chunked_beat("loop"), _chunked_few("loop", True)
+    ),
+    "zero-bubble-v": TimingRule(
+        _chunked_fill("v", True), _chunked_beat("v"), _chunked_few("v", True)
+    ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
 
@@ -89,9 +167,16 @@ def timing_rule(schedule: str) -> TimingRule:
     return TIMING_RULES[SCHEDULES[schedule].timing_rule]
 
 
-def beat_s(fwd_s: Times, bwd_s: Times, comm_s: Times, schedule: str = "1f1b") -> float:
+def beat_s(
+    fwd_s: Times,
+    bwd_s: Times,
+    comm_s: Times,
+    schedule: str = "1f1b",
+    num_devices: int | None = None,
+    weight_s: Times | None = None,
+) -> float:
     """Steady-state seconds per micro-batch: what each micro-batch beyond the first adds."""
-    return timing_rule(schedule).beat(fwd_s, bwd_s, comm_s)
+    return fill_and_beat(fwd_s, bwd_s, comm_s, schedule, num_devices, weight_s)[1]
 
 
 def pipeline_time_s(
@@ -100,6 +185,8 @@ def pipeline_time_s(
     comm_s: Sequence[float],
     num_micro_batches: int,
     schedule: str = "1f1b",
+    num_devices: int | None = None,
+    weight_s: Times | None = None,
 ) -> float:
     """Time from the first forward to the last backward of one step: `fill + (m - 1) * beat`.
 
@@ -108,9 +195,13 @@ def pipeline_time_s(
     the other m-1 micro-batches. Exact for GPipe. For 1F1B exact with free links when the last
     stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
     trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
-    finds it within 5% on the plans of docs/benchmarks-sim.md)."""
-    fill, beat = fill_and_beat(fwd_s, bwd_s, comm_s, schedule)
-    return float(steady_time_s(fill, beat, num_micro_batches))
+    finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
+    `num_devices` devices; with few micro-batches their time is the larger of two lines
+    (`TimingRule.few`)."""
+    args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+    rule = timing_rule(schedule)
+    lines = [(rule.fill(*args), rule.beat(*args))] + ([rule.few(*args)] if rule.few else [])
+    return float(max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines))
 
 
 def steady_time_s(fill_s, beat_s, num_micro_batches):
@@ -125,12 +216,39 @@ def micro_batches_within(time_s, fill_s, beat_s):
 
 
 def fill_and_beat(
-    fwd_s: Sequence[float], bwd_s: Sequence[float], comm_s: Sequence[float], schedule: str = "1f1b"
+    fwd_s: Times,
+    bwd_s: Times,
+    comm_s: Times,
+    schedule: str = "1f1b",
+    num_devices: int | None = None,
+    weight_s: Times | None = None,
 ) -> tuple[float, float]:
     """(fill, beat) of `pipeline_time_s = fill + (m - 1) * beat` (the planner costs a pipeline
-    shape once with these and any m afterwards)."""
+    shape once with these and any m afterwards). The S stages run on `num_devices` devices
+    (default S: one stage each); `weight_s` defaults to `weight_grad_s` of each backward."""
     rule = timing_rule(schedule)
-    return rule.fill(fwd_s, bwd_s, comm_s), rule.beat(fwd_s, bwd_s, comm_s)
+    args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+    return rule.fill(*args), rule.beat(*args)
+
+
+def _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s) -> tuple:
+    """A timing rule's arguments with the defaults filled in."""
+    weight = weight_s if weight_s is not None else [weight_grad_s(b) for b in bwd_s]
+    return fwd_s, bwd_s, comm_s, num_devices or len(fwd_s), weight
+
+
+WEIGHT_GRAD_SHARE = 0.5
+"""Share of a (not recomputing) backward that the weight-grad part W takes under a split-backward
+schedule. A transformer block's backward is GEMMs (attention's score products aside): for each
+forward GEMM `Y = X A` one for the input gradient (`dX = dY A^T`) and one for the weight gradient
+(`dA = X^T dY`), equal FLOPs, so I ~ W ~ b / 2; the profile times backwards whole, so this split
+is an estimate, not a measurement."""
+
+
+def weight_grad_s(bwd_s: float, recompute_fwd_s: float = 0.0) -> float:
+    """Seconds of the W part of a backward of `bwd_s` seconds, which includes `recompute_fwd_s`
+    of recomputed forward when recomputing (that part belongs to I, which runs first)."""
+    return WEIGHT_GRAD_SHARE * (bwd_s - recompute_fwd_s)
 
 
 def stage_times(

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
-from hetpp.cost.memory import StageMemory, stage_memory
+from hetpp.cost.memory import StageMemory, device_memory, stage_memory
 from hetpp.cost.params import replicated_params, stage_params, stepped_params, tied_copy_params
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
+from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -27,6 +28,9 @@ class StageCost:
     """Forward seconds per micro-batch."""
     bwd_s: float
     """Backward seconds per micro-batch (with recomputation when on)."""
+    weight_s: float
+    """Of `bwd_s`, the weight-grad part (W) a split-backward schedule runs apart
+    (`hetpp.cost.pipeline.weight_grad_s`)."""
     send_s: float
     """One-way activation transfer to the next stage, per micro-batch (0 for the last)."""
     memory: StageMemory
@@ -71,7 +75,9 @@ class StepCost:
 
     @property
     def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
+        return all(s.fits for s in self.stages) and all(
+            m.total <= cap for m, cap in device_memories(self.stages).values()
+        )
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -110,12 +116,23 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
             p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
         ]
         fwd, bwd, comm = stage_times(costs, bounds, links)
+        # two stages on one device (a V's turn) hand over in memory
+        comm = [0.0 if a.device == b.device else c
+                for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
+        weight = [
+            weight_grad_s(b, f if st.recomputes(train) else 0.0)
+            for f, b, st in zip(fwd, bwd, pipe.stages)
+        ]
         schedule = pipe.schedule_in(train)
-        total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name)
+        num, d_count = len(pipe.stages), len(pipe.devices)
+        total = pipeline_time_s(
+            fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight
+        )
         done = backward_done_s(bwd, comm, total)
-        num = len(pipe.stages)
+        if schedule.splits_backward:  # deferred weight-grads end every device late
+            done = [total] * num
         for s, st in enumerate(pipe.stages):
-            k = schedule.in_flight(s, num, pipe.num_micro_batches)
+            k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
             mem = stage_memory(
                 cm.model,
                 train,
@@ -134,6 +151,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
                     st.layers,
                     fwd[s],
                     bwd[s],
+                    weight[s],
                     comm[s] if s < len(comm) else 0.0,
                     mem,
                     costs[s].gpu.memory_bytes,
@@ -149,21 +167,33 @@ def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
     when the lock-step forward and backward end."""
     stages = [
         StageCost(
-            p,
-            0,
-            d.device,
-            d.costs.gpu.name,
-            (0, len(d.costs.fwd_s)),
-            float(d.costs.fwd_s.sum()),
-            float(d.costs.bwd_s.sum()),
-            0.0,
-            d.memory,
-            d.costs.gpu.memory_bytes,
-            step.lockstep_s,
+            pipeline=p,
+            stage=0,
+            device=d.device,
+            gpu=d.costs.gpu.name,
+            layers=(0, len(d.costs.fwd_s)),
+            fwd_s=float(d.costs.fwd_s.sum()),
+            bwd_s=float(d.costs.bwd_s.sum()),
+            weight_s=0.0,  # FSDP runs whole backwards
+            send_s=0.0,
+            memory=d.memory,
+            capacity_bytes=d.costs.gpu.memory_bytes,
+            done_s=step.lockstep_s,
         )
         for p, d in enumerate(step.devices)
     ]
     return stages, [d.own_s for d in step.devices]
+
+
+def device_memories(stages: Sequence[StageCost]) -> dict[int, tuple[StageMemory, float]]:
+    """Per device: its memory over all the stages it runs, and its capacity."""
+    by_device: dict[int, list[StageCost]] = {}
+    for st in stages:
+        by_device.setdefault(st.device, []).append(st)
+    return {
+        d: (device_memory([x.memory for x in own]), own[0].capacity_bytes)
+        for d, own in by_device.items()
+    }
 
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
@@ -179,7 +209,7 @@ def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[Syn
         n = tied_copy_params(cm.model) * grad
         order.append((tied, (), n, allreduce_time_s(n, len(tied), group_link(cm.cluster, tied))))
     durations = [(owners, seconds) for owners, _, _, seconds in order]
-    times, _ = run_buckets(durations, {s.device: s.done_s for s in stages})
+    times, _ = run_buckets(durations, _done_per_device(stages))
     out = [
         SyncBucket(owners, blocks, nbytes, ready, start, end)
         for (owners, blocks, nbytes, _), (ready, start, end) in zip(order, times)
@@ -247,12 +277,15 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
         )
     stages, times = stage_costs(plan, cm)
     buckets = sync_buckets(plan, cm, stages)
-    end = {s.device: s.done_s for s in stages}
+    end = _done_per_device(stages)
     pipe_end = {s.device: times[s.pipeline] for s in stages}
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {s.device: optimizer_time_s(cm, s, plan.optimizer_shards) for s in stages}
+    opt = {
+        d: device_optimizer_time_s(cm, [s for s in stages if s.device == d], plan.optimizer_shards)
+        for d in end
+    }
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     order = gathers(plan, cm)
@@ -272,12 +305,22 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     )
 
 
-def optimizer_time_s(cm: CostModel, stage: StageCost, shards: int = 1) -> float:
-    """The optimizer step of one stage (`hetpp.cost.sync.optimizer_step_s`) over the parameters
-    it steps: with `shards` owners per bucket, its shard of each (`stepped_params`)."""
-    a, b = stage.layers
-    n = stage_params(cm.model, a, b)
-    stepped = stepped_params(n, replicated_params(cm.model, a, b), shards)
-    return optimizer_step_s(
-        state_bytes(stepped, cm.train), cm.cluster.gpu(stage.device).mem_bw_bytes_per_s
-    )
+def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:
+    """When each device finishes its last backward (its latest stage's)."""
+    done: dict[int, float] = {}
+    for s in stages:
+        done[s.device] = max(done.get(s.device, 0.0), s.done_s)
+    return done
+
+
+def device_optimizer_time_s(cm: CostModel, stages: Sequence[StageCost], shards: int = 1) -> float:
+    """The optimizer step of one device over the stages it runs
+    (`hetpp.cost.sync.optimizer_step_s`) and the parameters it steps: with `shards` owners per
+    bucket, its shard of each (`stepped_params`)."""
+    stepped = 0.0
+    for st in stages:
+        a, b = st.layers
+        n = stage_params(cm.model, a, b)
+        stepped += stepped_params(n, replicated_params(cm.model, a, b), shards)
+    bw = cm.cluster.gpu(stages[0].device).mem_bw_bytes_per_s
+    return optimizer_step_s(state_bytes(stepped, cm.train), bw)

@@ -198,13 +198,21 @@ def layout_key(layout: Sequence[tuple[TemplateCost, int]]) -> tuple:
 
 
 class Incumbent:
-    """The best plan so far, and the bound it sets: new layouts are ranked by the full cost."""
+    """The best plans so far, and the bound the best sets: new layouts are ranked by the full
+    cost. It keeps the `keep` fastest (distinct) ones, for the schedule pass to try at the end
+    (`hetpp.planner.schedules`: a runner-up with deeper pipelines may gain more)."""
 
-    def __init__(self, problem: Problem, strategy: str):
+    def __init__(self, problem: Problem, strategy: str, keep: int = 1):
         self.problem = problem
         self.strategy = strategy
-        self.result: PlanResult | None = None
+        self.keep = keep
+        self.results: list[PlanResult] = []
+        """The fastest results so far, fastest first."""
         self._seen: set[tuple] = set()
+
+    @property
+    def result(self) -> PlanResult | None:
+        return self.results[0] if self.results else None
 
     @property
     def bound(self) -> float:
@@ -212,9 +220,10 @@ class Incumbent:
         return self.result.iteration_time_s if self.result else math.inf
 
     def offer_result(self, r: PlanResult) -> None:
-        """Keep a finished result if it is the fastest so far."""
-        if r.feasible and r.iteration_time_s < self.bound:
-            self.result = r
+        """Keep a finished result if it is among the fastest so far."""
+        if not r.feasible or any(r.iteration_time_s == x.iteration_time_s for x in self.results):
+            return
+        self.results = sorted([*self.results, r], key=lambda x: x.iteration_time_s)[: self.keep]
 
     def offer(
         self, ctx: ShapeContext, layouts: Sequence[Sequence[tuple[TemplateCost, int]]]

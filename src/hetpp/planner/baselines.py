@@ -31,6 +31,7 @@ from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import Layout, min_time
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
+from hetpp.planner.schedules import Split, choose_schedules
 from hetpp.planner.shapes import ShapeContext, Workspace, run_lengths, template_arrays
 
 
@@ -59,7 +60,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
                 fitting += 1
             if fitting > DEPTHS:
                 break  # deeper: more bubbles for less gradient sync; a few are enough
-    return _result(problem, "uniform", cands, t0)
+    return _result(problem, "uniform", cands, t0, ws)
 
 
 def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
@@ -87,7 +88,7 @@ def layer_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             est = _equal_batch_time(ctx, pipes, total // p) if pipes else None
             if est is not None:
                 cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))
-    return _result(problem, "layer-balanced", cands, t0)
+    return _result(problem, "layer-balanced", cands, t0, ws)
 
 
 def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
@@ -118,7 +119,7 @@ def data_balanced(problem: Problem, ws: Workspace | None = None) -> PlanResult:
         pipes = layout_pipes(problem, layout)
         if pipes:
             cands.append(Draft(t + max(x.tail_s for x, _ in layout), rc, mbs, pipes))
-    return _result(problem, "data-balanced", cands, t0)
+    return _result(problem, "data-balanced", cands, t0, ws)
 
 
 def _settings(problem: Problem, ws: Workspace) -> list[tuple[bool, int]]:
@@ -180,12 +181,26 @@ def _signature(problem: Problem, pipe: Pipe) -> tuple:
     return keys, links
 
 
-def _result(problem: Problem, strategy: str, cands: list[Draft], t0: float) -> PlanResult:
+def _result(
+    problem: Problem, strategy: str, cands: list[Draft], t0: float, ws: Workspace
+) -> PlanResult:
     best = best_candidate(problem, cands, strategy)
-    elapsed = time.perf_counter() - t0
     if best is None:
+        elapsed = time.perf_counter() - t0
         return PlanResult(strategy, None, None, elapsed, "no plan of this kind fits")
-    return PlanResult(strategy, best[0], best[1], elapsed)
+    plan, step = best
+    if ws.schedule_pass:
+        plan, step = choose_schedules(problem, plan, *SCHEDULE_FREEDOM[strategy])
+    return PlanResult(strategy, plan, step, time.perf_counter() - t0)
+
+
+SCHEDULE_FREEDOM: dict[str, tuple[Split, bool]] = {
+    "uniform": ("equal", False),
+    "layer-balanced": ("balanced", False),
+    "data-balanced": ("equal", True),
+}
+"""How each baseline may re-split and re-balance a pipeline it moves to a multi-chunk schedule
+(`hetpp.planner.schedules`): its own kind of layer split and batch shares."""
 
 
 DEPTHS = 6

@@ -64,12 +64,30 @@ class Problem:
     sizes stages and optimizer steps as if every bucket had k owners (`cost_model`) and marks
     the plans `sharding="optimizer"`; each plan is then costed with its own pipeline count, so a
     plan of fewer than k pipelines that does not fit is dropped there."""
+    schedules: tuple[str, ...] | None = None
+    """Multi-chunk schedules (interleaved, V) the planner may give a pipeline in place of the
+    plan's (`hetpp.planner.schedules`); None: those the runtime executes
+    (`ScheduleSpec.executable`)."""
     _cms: dict[tuple[bool, int], CostModel] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("expected positive integers", field="micro_batch_sizes")
         self.micro_batch_sizes = tuple(sorted(set(self.micro_batch_sizes)))
+        if self.schedule_spec.placement != "one":
+            raise SpecError(
+                f"the planner shapes pipelines under a one-chunk schedule (1f1b, gpipe), not "
+                f"{self.schedule!r}; it tries the multi-chunk ones per pipeline itself "
+                "(--try-schedules)",
+                field="schedule",
+            )
+        for name in self.schedules or ():
+            if name not in SCHEDULES or SCHEDULES[name].placement == "one":
+                raise SpecError(
+                    f"{name!r} is not a multi-chunk schedule; expected some of "
+                    f"{', '.join(n for n, s in SCHEDULES.items() if s.placement != 'one')}",
+                    field="schedules",
+                )
 
     @property
     def global_batch(self) -> int:
@@ -87,6 +105,13 @@ class Problem:
     def schedule_spec(self) -> ScheduleSpec:
         """The schedule's registry entry."""
         return SCHEDULES[self.train.schedule]
+
+    @property
+    def chunked_schedules(self) -> tuple[str, ...]:
+        """The multi-chunk schedules this problem's pipelines may run."""
+        if self.schedules is not None:
+            return self.schedules
+        return tuple(n for n, s in SCHEDULES.items() if s.placement != "one" and s.executable)
 
     def cost_model(self, recompute: bool, shards: int | None = None) -> CostModel:
         """The cost model for one recomputation setting (built once). The search's (`shards`

@@ -22,6 +22,9 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
     cluster = problem.cluster
     pipelines = []
     for pipe in plan.pipelines:
+        if pipe.chunks > 1:  # a device's stages share its memory: judged together, left as is
+            pipelines.append(pipe)
+            continue
         stages = []
         for s, st in enumerate(pipe.stages):
             gpu = cluster.gpu(st.device)

@@ -28,6 +28,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min
 from hetpp.planner.multisets import branch_and_bound, compositions, count_multisets
 from hetpp.planner.problem import Problem
 from hetpp.planner.refine import estimate, refine
+from hetpp.planner.schedules import choose_schedules
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
 
@@ -65,6 +67,9 @@ PATIENCE = 8
 PAIR_PATIENCE = 24
 """... in the two-type pass, whose best option (k copies of 1 H100 + 8 T4) can come after many
 with fewer copies or other counts."""
+PASS_CANDIDATES = 2
+"""The fastest one-chunk plans that get the schedule pass at the end (`hetpp.planner.schedules`:
+a runner-up with more bubble to remove can overtake the best)."""
 FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
@@ -80,9 +85,9 @@ def search_hpp(
     note."""
     t0 = time.perf_counter()
     limit = math.inf if time_limit_s is None else t0 + time_limit_s
-    ws = Workspace(problem)
+    ws = Workspace(problem, schedule_pass=False)
     say = progress or (lambda f, s: None)
-    inc = Incumbent(problem, "hpp")
+    inc = Incumbent(problem, "hpp", keep=PASS_CANDIDATES)
 
     stopped = []  # set when a check stops the search
 
@@ -121,16 +126,20 @@ def search_hpp(
             break
         if ideal_time_bound(problem, ctx.recompute, ctx.mbs) < inc.bound:
             _search_decomposed(ctx, inc, kind, out_of_time)
+    if inc.result is None:
+        return PlanResult("hpp", None, None, time.perf_counter() - t0, "no plan fits")
+    say(0.99, "schedules per pipeline")
+    best = min(
+        (replace(r, **dict(zip(("plan", "step"), choose_schedules(problem, r.plan)))) for r in
+         inc.results),
+        key=lambda r: r.iteration_time_s,
+    )  # fmt: skip
     say(1.0, "done")
-    elapsed = time.perf_counter() - t0
-    best = inc.result
-    if best is None or best.plan is None:
-        return PlanResult("hpp", None, None, elapsed, "no plan fits")
     notes = [f"the {best.strategy} plan was the best found"] if best.strategy != "hpp" else []
     if stopped:
         notes.insert(0, f"time limit of {time_limit_s:g} s reached: the best plan found so far")
     plan = best.plan.model_copy(update={"strategy": "hpp"})
-    return PlanResult("hpp", plan, best.step, elapsed, "; ".join(notes))
+    return PlanResult("hpp", plan, best.step, time.perf_counter() - t0, "; ".join(notes))
 
 
 def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:

@@ -263,8 +263,11 @@ def template_arrays(templates: list[TemplateCost]) -> dict[str, np.ndarray]:
 class Workspace:
     """Shape contexts of one problem, shared by the strategies of one search."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, schedule_pass: bool = True):
         self.problem = problem
+        self.schedule_pass = schedule_pass
+        """Whether a baseline runs the schedule pass on its result (`hetpp.planner.schedules`);
+        hpp runs its baselines without, and the pass once on its best plans."""
         self._contexts: dict[tuple[bool, int], ShapeContext] = {}
 
     def context(self, recompute: bool, mbs: int) -> ShapeContext:

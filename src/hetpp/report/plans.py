@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 from rich.table import Table
 
+from hetpp.cost.step import device_memories
 from hetpp.planner import Problem, unused_devices
 from hetpp.planner.assemble import PlanResult
 from hetpp.specs.plan import Plan
@@ -21,20 +24,26 @@ def plan_table(problem: Problem, result: PlanResult) -> Table:
         f"global batch {plan.global_batch} x {plan.seq_len} tokens",
         caption="identical pipelines share rows: pipes = how many, batch = each one's share",
     )
-    for col in ("pipes", "stage", "GPU", "devices", "layers", "mbs x m", "batch", "free mem"):
+    cols = ("pipes", "schedule", "stage", "GPU", "devices", "layers", "mbs x m", "batch")
+    for col in (*cols, "free mem"):
         right = col in ("pipes", "stage", "batch", "free mem")
         table.add_column(col, justify="right" if right else "left", no_wrap=True, min_width=4)
     costs = {(s.pipeline, s.stage): s for s in step.stages}
+    memories = device_memories(step.stages)
     groups: dict[tuple, list[int]] = {}
     for p, pipe in enumerate(plan.pipelines):
         shape = tuple((cl.gpu(st.device).name, st.layers) for st in pipe.stages)
-        groups.setdefault((shape, pipe.micro_batch_size, pipe.num_micro_batches), []).append(p)
-    for (shape, mbs, m), members in groups.items():
+        key = (shape, pipe.micro_batch_size, pipe.num_micro_batches, pipeline_schedule(plan, p))
+        groups.setdefault(key, []).append(p)
+    for (shape, mbs, m, schedule), members in groups.items():
         for s, (gpu, layers) in enumerate(shape):
-            free = min(costs[(p, s)].capacity_bytes - costs[(p, s)].memory.total for p in members)
+            # free memory per device: a device running several stages holds them all
+            free = min(costs[(p, s)].capacity_bytes - memories[costs[(p, s)].device][0].total
+                       for p in members)  # fmt: skip
             first = s == 0
             table.add_row(
                 str(len(members)) if first else "",
+                schedule if first else "",
                 str(s),
                 gpu,
                 _brief(sorted(plan.pipelines[p].stages[s].device for p in members)),
@@ -98,11 +107,12 @@ def comparison_table(results: list[PlanResult]) -> Table:
     pipelines, GPUs used and search time."""
     hpp = next(r for r in results if r.strategy == "hpp")
     table = Table(title="planner strategies (same cost model)")
-    for col in ("strategy", "samples/s", "step", "hpp gain", "pipes", "GPUs", "search"):
+    cols = ("strategy", "samples/s", "step", "hpp gain", "pipes", "schedules", "GPUs", "search")
+    for col in cols:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     for r in results:
         if not r.feasible or r.plan is None:
-            table.add_row(r.strategy, "-", "-", "-", "-", "-", f"({r.note or 'infeasible'})")
+            table.add_row(r.strategy, "-", "-", "-", "-", "-", "-", f"({r.note or 'infeasible'})")
             continue
         speedup = hpp.throughput_samples_per_s / r.throughput_samples_per_s if hpp.feasible else 0
         table.add_row(
@@ -111,10 +121,26 @@ def comparison_table(results: list[PlanResult]) -> Table:
             f"{r.iteration_time_s:.3f} s",
             f"{speedup:.2f}x" if speedup else "-",
             str(len(r.plan.pipelines)),
+            schedule_summary(r.plan),
             str(r.plan.num_devices),
             f"{r.search_time_s:.2f} s",
         )
     return table
+
+
+def pipeline_schedule(plan: Plan, p: int) -> str:
+    """Pipeline p's schedule, with its chunks per device when it has several ('zbv/2')."""
+    pipe = plan.pipelines[p]
+    name = pipe.schedule_in(plan.train).name
+    return f"{name}/{pipe.chunks}" if pipe.chunks > 1 else name
+
+
+def schedule_summary(plan: Plan) -> str:
+    """The plan's schedules with how many pipelines run each: '12 zbv/2 + 4 1f1b'."""
+    count = Counter(pipeline_schedule(plan, p) for p in range(len(plan.pipelines)))
+    if len(count) == 1:
+        return next(iter(count))
+    return " + ".join(f"{n} {name}" for name, n in count.most_common())
 
 
 def recompute_summary(plan: Plan) -> str:

@@ -7,7 +7,7 @@ model's closed form against it; `schedule` holds the action lists, `engine` runs
 from hetpp.sim.engine import Collective, Deadlock, RankProgram, ScheduleError, run
 from hetpp.sim.replay import plan_programs, simulate_pipeline, simulate_plan
 from hetpp.sim.result import DeviceStats, SimResult
-from hetpp.sim.schedule import Action, stage_actions
+from hetpp.sim.schedule import Action, rank_actions
 from hetpp.sim.validate import Agreement, compare_with_cost
 
 __all__ = [
@@ -21,8 +21,8 @@ __all__ = [
     "SimResult",
     "compare_with_cost",
     "plan_programs",
+    "rank_actions",
     "run",
     "simulate_pipeline",
     "simulate_plan",
-    "stage_actions",
 ]

@@ -1,7 +1,9 @@
 """Discrete-event engine: runs per-rank action lists with the dependencies between ranks.
 
 Resources and rules:
-- each rank runs its actions in order on one compute stream (F, B, OPT take their time);
+- each rank runs its actions in order on one compute stream (F, B, I, W, OPT take their time);
+  a rank may run several pipeline stages (interleaved and V schedules), each with its own times
+  and neighbours;
 - a send is asynchronous: the message occupies the (sender, receiver) link, one direction, from
   `max(send issued, link free)` for the link's time; the sender goes on at once;
 - a receive completes when its message has arrived (the rank waits until then);
@@ -17,7 +19,7 @@ rank that can never proceed is reported as a Deadlock, never waited on.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,22 +29,34 @@ from hetpp.sim.trace import Kind, Trace, Transfers, empty_transfers
 
 
 @dataclass(frozen=True, slots=True)
-class RankProgram:
-    """One rank's actions and the times they take."""
+class StageWork:
+    """One pipeline stage a rank runs: its compute times and the ranks of its neighbours."""
 
-    actions: tuple[Action, ...]
     fwd_s: float
     """Seconds of each forward (F)."""
     bwd_s: float
-    """Seconds of each backward (B)."""
+    """Seconds of each full backward (B)."""
+    weight_s: float = 0.0
+    """Seconds of the weight-grad part (W) of a split backward; its input-grad part (I) takes
+    the rest of `bwd_s`."""
     prev: int | None = None
-    """Program index of the previous stage (source of RECV_F, target of SEND_B)."""
+    """Program index of the rank running the previous stage (source of RECV_F, target of
+    SEND_B); None for the first stage."""
     next: int | None = None
-    """Program index of the next stage (target of SEND_F, source of RECV_B)."""
+    """Program index of the rank running the next stage (target of SEND_F, source of RECV_B)."""
     send_next_s: float = 0.0
     """Link time of one activation to the next stage."""
     send_prev_s: float = 0.0
     """Link time of one gradient to the previous stage."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgram:
+    """One rank's actions and what its stages' actions take."""
+
+    actions: tuple[Action, ...]
+    stages: Mapping[int, StageWork]
+    """The stages the rank runs, by the stage index its actions name."""
     opt_s: float = 0.0
     """Seconds of the optimizer step (OPT)."""
     name: str = ""
@@ -87,21 +101,27 @@ _COLLECTIVE = ("SYNC", "GATHER")
 def _check(programs: Sequence[RankProgram], collectives: Sequence[Collective]) -> None:
     for r, prog in enumerate(programs):
         for a in prog.actions:
-            bad = (
-                (a.kind in ("SEND_F", "RECV_B") and prog.next is None)
-                or (a.kind in ("RECV_F", "SEND_B") and prog.prev is None)
-                or (
-                    a.kind in _COLLECTIVE
-                    and (
-                        a.microbatch is None
-                        or not 0 <= a.microbatch < len(collectives)
-                        or r not in collectives[a.microbatch].members
-                        or collectives[a.microbatch].gather != (a.kind == "GATHER")
-                    )
+            work = prog.stages.get(a.stage)
+            if a.kind in _COLLECTIVE:
+                bad = (
+                    a.microbatch is None
+                    or not 0 <= a.microbatch < len(collectives)
+                    or r not in collectives[a.microbatch].members
+                    or collectives[a.microbatch].gather != (a.kind == "GATHER")
                 )
-            )
+            elif a.kind == "OPT":
+                bad = False
+            else:
+                bad = (
+                    work is None
+                    or (a.kind in ("SEND_F", "RECV_B") and work.next is None)
+                    or (a.kind in ("RECV_F", "SEND_B") and work.prev is None)
+                )
             if bad:
                 raise ScheduleError(f"{_name(programs, r)}: action {a} has no peer or collective")
+
+
+_COMPUTE = {"F": Kind.F, "B": Kind.B, "I": Kind.I, "W": Kind.W}
 
 
 class _Run:
@@ -118,11 +138,13 @@ class _Run:
         self.link_free: dict[tuple[int, int], float] = {}
         self.coll_count = [0] * len(collectives)
         self.coll_ready = [0.0] * len(collectives)
-        self.intervals: list[tuple[int, int, int, float, float]] = []
+        self.intervals: list[tuple[int, int, int, float, float, int]] = []
         self.transfers: list[tuple[int, int, int, int, float, float]] = []
 
-    def send(self, src: int, dst: int, grad: int, mb: int, t: float, dur: float) -> None:
-        key = (src, dst, grad, mb)
+    def send(
+        self, src: int, dst: int, grad: int, stage: int, mb: int, t: float, dur: float
+    ) -> None:
+        key = (src, dst, grad, stage, mb)
         if key in self.arrived:
             raise ScheduleError(f"{_name(self.programs, src)} sends {key} twice")
         start = max(t, self.link_free.get((src, dst), 0.0))
@@ -145,7 +167,7 @@ class _Run:
         end = start + coll.duration_s
         kind = Kind.GATHER if coll.gather else Kind.SYNC
         for m in coll.members:
-            self.intervals.append((m, kind, c, start, end))
+            self.intervals.append((m, kind, c, start, end, -1))
             if m != r:  # the others were blocked on it: move them past the SYNC
                 self.clock[m] = end
                 self.pc[m] += 1
@@ -158,19 +180,27 @@ class _Run:
         acts, i, t = prog.actions, self.pc[r], self.clock[r]
         rec = self.intervals.append
         while i < len(acts):
-            kind, mb = acts[i].kind, acts[i].microbatch
-            if kind == "F":
-                rec((r, Kind.F, mb, t, t + prog.fwd_s))
-                t += prog.fwd_s
-            elif kind == "B":
-                rec((r, Kind.B, mb, t, t + prog.bwd_s))
-                t += prog.bwd_s
+            stage, kind, mb = acts[i]
+            work = prog.stages.get(stage)
+            if kind in _COMPUTE:
+                dur = {
+                    "F": work.fwd_s,
+                    "B": work.bwd_s,
+                    "I": work.bwd_s - work.weight_s,
+                    "W": work.weight_s,
+                }[kind]
+                rec((r, _COMPUTE[kind], mb, t, t + dur, stage))
+                t += dur
             elif kind == "SEND_F":
-                self.send(r, prog.next, 0, mb, t, prog.send_next_s)
+                self.send(r, work.next, 0, stage, mb, t, work.send_next_s)
             elif kind == "SEND_B":
-                self.send(r, prog.prev, 1, mb, t, prog.send_prev_s)
+                self.send(r, work.prev, 1, stage, mb, t, work.send_prev_s)
             elif kind in ("RECV_F", "RECV_B"):
-                key = (prog.prev, r, 0, mb) if kind == "RECV_F" else (prog.next, r, 1, mb)
+                key = (
+                    (work.prev, r, 0, stage - 1, mb)
+                    if kind == "RECV_F"
+                    else (work.next, r, 1, stage + 1, mb)
+                )
                 at = self.arrived.pop(key, None)
                 if at is None:
                     self.waiting[key] = r
@@ -182,7 +212,7 @@ class _Run:
                     break
                 t = end
             elif kind == "OPT":
-                rec((r, Kind.OPT, -1, t, t + prog.opt_s))
+                rec((r, Kind.OPT, -1, t, t + prog.opt_s, -1))
                 t += prog.opt_s
             else:
                 raise ScheduleError(f"{_name(self.programs, r)}: unknown action {acts[i]}")
@@ -204,7 +234,8 @@ class _Run:
                 what = "all-gather" if a.kind == "GATHER" else "all-reduce"
                 why = f"{what} {a.microbatch} still needs {', '.join(missing)}"
             else:
-                peer = prog.prev if a.kind == "RECV_F" else prog.next
+                work = prog.stages[a.stage]
+                peer = work.prev if a.kind == "RECV_F" else work.next
                 why = f"waits for a message from {_name(self.programs, peer)}"
             out.append(f"{_name(self.programs, r)} at {a} ({why})")
         return out
@@ -229,13 +260,13 @@ def run(programs: Sequence[RankProgram], collectives: Sequence[Collective] = ())
         key = next(iter(st.arrived))
         raise ScheduleError(
             f"{len(st.arrived)} message(s) sent but never received, e.g. "
-            f"{_name(programs, key[0])} -> {_name(programs, key[1])} micro-batch {key[3]}"
+            f"{_name(programs, key[0])} -> {_name(programs, key[1])} micro-batch {key[4]}"
         )
     return _trace(len(programs), st)
 
 
 def _trace(n: int, st: _Run) -> Trace:
-    iv = np.array(st.intervals, dtype=float).reshape(-1, 5)
+    iv = np.array(st.intervals, dtype=float).reshape(-1, 6)
     tr = np.array(st.transfers, dtype=float).reshape(-1, 6)
     transfers = (
         Transfers(
@@ -251,5 +282,5 @@ def _trace(n: int, st: _Run) -> Trace:
     )
     return Trace(
         n, iv[:, 0].astype(int), iv[:, 1].astype(np.int8), iv[:, 2].astype(int), iv[:, 3], iv[:, 4],
-        transfers,
+        transfers, iv[:, 5].astype(int),
     )  # fmt: skip

@@ -12,15 +12,23 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import stage_memory
-from hetpp.cost.step import StageCost, gathers, optimizer_time_s, stage_costs, sync_buckets
-from hetpp.sim.engine import Collective, RankProgram, run
+from hetpp.cost.memory import device_memory, stage_memory
+from hetpp.cost.pipeline import weight_grad_s
+from hetpp.cost.step import (
+    StageCost,
+    device_optimizer_time_s,
+    gathers,
+    stage_costs,
+    sync_buckets,
+)
+from hetpp.sim.engine import Collective, RankProgram, StageWork, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
-from hetpp.sim.schedule import stage_actions
-from hetpp.sim.trace import Kind, Trace
+from hetpp.sim.schedule import rank_actions
+from hetpp.sim.trace import COMPUTE, Kind, Trace
 from hetpp.specs.errors import SpecError
 from hetpp.specs.limits import MAX_SIM_ACTIONS, check_size
 from hetpp.specs.plan import Plan
+from hetpp.specs.schedule import SCHEDULES
 
 
 def pipeline_programs(
@@ -30,24 +38,58 @@ def pipeline_programs(
     num_micro_batches: int,
     schedule: str = "1f1b",
     first_rank: int = 0,
+    num_devices: int | None = None,
+    weight_s: Sequence[float] | None = None,
+    buckets: Sequence[Sequence[int]] = (),
+    opt_s: Sequence[float] = (),
+    names: Sequence[str] = (),
+    gathers: Sequence[Sequence[int]] = (),
 ) -> list[RankProgram]:
     """Programs of one pipeline from per-stage times (no plan or cost model needed).
 
-    `comm_s[s]` is the link time between stage s and s+1, both directions (length S-1). Ranks are
-    numbered from `first_rank`, so several pipelines can run in one engine."""
-    n = len(fwd_s)
-    return [
-        RankProgram(
-            actions=tuple(stage_actions(schedule, s, n, num_micro_batches, optimizer=False)),
+    `comm_s[s]` is the link time between stage s and s+1, both directions (length S-1; 0 where
+    both run on one device). The S stages run on `num_devices` ranks (default S), placed as the
+    schedule says; `weight_s[s]` is the W part of stage s's backward (default `weight_grad_s`).
+    Ranks are numbered from `first_rank`, so several pipelines can run in one engine;
+    `buckets[d]` are the collectives device d joins, `opt_s[d]` its optimizer step (none when
+    not given) and `gathers[d]` the all-gathers it joins after it (optimizer sharding)."""
+    num = len(fwd_s)
+    d_count = num_devices or num
+    spec = SCHEDULES[schedule]
+    weight = weight_s if weight_s is not None else [weight_grad_s(b) for b in bwd_s]
+    rank_of = [first_rank + spec.device_index(s, d_count) for s in range(num)]
+    works: list[dict[int, StageWork]] = [{} for _ in range(d_count)]
+    for s in range(num):
+        works[rank_of[s] - first_rank][s] = StageWork(
             fwd_s=fwd_s[s],
             bwd_s=bwd_s[s],
-            prev=first_rank + s - 1 if s > 0 else None,
-            next=first_rank + s + 1 if s < n - 1 else None,
-            send_next_s=comm_s[s] if s < n - 1 else 0.0,
+            weight_s=weight[s],
+            prev=rank_of[s - 1] if s > 0 else None,
+            next=rank_of[s + 1] if s < num - 1 else None,
+            send_next_s=comm_s[s] if s < num - 1 else 0.0,
             send_prev_s=comm_s[s - 1] if s > 0 else 0.0,
-            name=f"stage {s}" if first_rank == 0 else f"rank {first_rank + s}",
         )
-        for s in range(n)
+    chunks = num // d_count
+    default = [f"stage {d}" if first_rank == 0 else f"rank {first_rank + d}" for d in range(num)]
+    return [
+        RankProgram(
+            actions=tuple(
+                rank_actions(
+                    schedule,
+                    d,
+                    d_count,
+                    num_micro_batches,
+                    chunks,
+                    buckets[d] if buckets else (),
+                    optimizer=bool(opt_s),
+                    gathers=gathers[d] if gathers else (),
+                )
+            ),
+            stages=works[d],
+            opt_s=opt_s[d] if opt_s else 0.0,
+            name=(names or default)[d],
+        )
+        for d in range(d_count)
     ]
 
 
@@ -57,22 +99,31 @@ def simulate_pipeline(
     comm_s: Sequence[float],
     num_micro_batches: int,
     schedule: str = "1f1b",
+    num_devices: int | None = None,
+    weight_s: Sequence[float] | None = None,
 ) -> Trace:
     """Run one pipeline alone (no gradient sync, no optimizer)."""
-    return run(pipeline_programs(fwd_s, bwd_s, comm_s, num_micro_batches, schedule))
+    return run(
+        pipeline_programs(
+            fwd_s, bwd_s, comm_s, num_micro_batches, schedule,
+            num_devices=num_devices, weight_s=weight_s,
+        )
+    )  # fmt: skip
 
 
 def plan_programs(
     plan: Plan, cm: CostModel, stages: list[StageCost] | None = None
 ) -> tuple[list[RankProgram], list[Collective]]:
-    """Every rank's program (pipeline by pipeline, stage by stage) and its collectives: the
+    """Every rank's program (pipeline by pipeline, device by device) and its collectives: the
     gradient all-reduces (sharded: reduce-scatters), then the sharded buckets' all-gathers."""
     if stages is None:
         stages, _ = stage_costs(plan, cm)
-    rank_of = {s.device: r for r, s in enumerate(stages)}
+    rank_of = {}
+    for st in stages:
+        rank_of.setdefault(st.device, len(rank_of))
     collectives = []
-    mine: dict[int, list[int]] = {r: [] for r in range(len(stages))}
-    after: dict[int, list[int]] = {r: [] for r in range(len(stages))}
+    mine: dict[int, list[int]] = {r: [] for r in range(len(rank_of))}
+    after: dict[int, list[int]] = {r: [] for r in range(len(rank_of))}
     # Buckets as step_cost forms them (grad_buckets order: latest layers first, tied one last),
     # with its durations; every owner joins them in that one order.
     order = [(b.owners, b.end_s - b.start_s, False) for b in sync_buckets(plan, cm, stages)]
@@ -82,29 +133,29 @@ def plan_programs(
         collectives.append(Collective(members, seconds, gather))
         for r in members:
             (after if gather else mine)[r].append(c)
-    programs, r = [], 0
-    for pipe in plan.pipelines:
-        n = len(pipe.stages)
-        for s in range(n):
-            st = stages[r]
-            schedule = pipe.schedule_in(cm.train).name
-            actions = stage_actions(
-                schedule, s, n, pipe.num_micro_batches, mine[r], gathers=after[r]
-            )
-            programs.append(
-                RankProgram(
-                    actions=tuple(actions),
-                    fwd_s=st.fwd_s,
-                    bwd_s=st.bwd_s,
-                    prev=r - 1 if s > 0 else None,
-                    next=r + 1 if s < n - 1 else None,
-                    send_next_s=st.send_s,
-                    send_prev_s=stages[r - 1].send_s if s > 0 else 0.0,
-                    opt_s=optimizer_time_s(cm, st, plan.optimizer_shards),
-                    name=f"device {st.device}",
+    programs: list[RankProgram] = []
+    for p, pipe in enumerate(plan.pipelines):
+        own = [st for st in stages if st.pipeline == p]
+        devices = pipe.devices
+        programs += pipeline_programs(
+            [st.fwd_s for st in own],
+            [st.bwd_s for st in own],
+            [st.send_s for st in own[:-1]],
+            pipe.num_micro_batches,
+            pipe.schedule_in(cm.train).name,
+            first_rank=rank_of[devices[0]],
+            num_devices=len(devices),
+            weight_s=[st.weight_s for st in own],
+            buckets=[mine[rank_of[d]] for d in devices],
+            gathers=[after[rank_of[d]] for d in devices],
+            opt_s=[
+                device_optimizer_time_s(
+                    cm, [x for x in own if x.device == d], plan.optimizer_shards
                 )
-            )
-            r += 1
+                for d in devices
+            ],
+            names=[f"device {d}" for d in devices],
+        )
     return programs, collectives
 
 
@@ -121,15 +172,20 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
     stages, _ = stage_costs(plan, cm)
     programs, collectives = plan_programs(plan, cm, stages)
     trace = run(programs, collectives)
-    pipeline_of = [s.pipeline for s in stages]
-    iteration, pipes, exposed, bubble = step_times(trace, pipeline_of, len(plan.pipelines))
-    compute = trace.time_per_rank((Kind.F, Kind.B, Kind.OPT))
+    first_of: dict[int, StageCost] = {}  # each device's first stage, in rank order
+    for st in stages:
+        first_of.setdefault(st.device, st)
+    firsts = list(first_of.values())
+    iteration, pipes, exposed, bubble = step_times(
+        trace, [st.pipeline for st in firsts], len(plan.pipelines)
+    )
+    compute = trace.time_per_rank((*COMPUTE, Kind.OPT))
     sync = trace.time_per_rank((Kind.SYNC, Kind.GATHER))
     in_flight = trace.max_in_flight()
-    peak_act = _activation_peaks(plan, cm, stages, trace)
+    peak_act = _activation_peaks(plan, cm, stages, firsts, trace)
     devices = []
-    for r, st in enumerate(stages):
-        mem = st.memory
+    for r, st in enumerate(firsts):
+        mem = device_memory([x.memory for x in stages if x.device == st.device])
         static = mem.weights + mem.grads + mem.optimizer + mem.recv_buffers + mem.reserve
         devices.append(
             DeviceStats(
@@ -159,16 +215,21 @@ def simulate_plan(plan: Plan, cm: CostModel) -> SimResult:
 
 
 def _activation_peaks(
-    plan: Plan, cm: CostModel, stages: list[StageCost], trace: Trace
+    plan: Plan, cm: CostModel, stages: list[StageCost], firsts: list[StageCost], trace: Trace
 ) -> np.ndarray:
     """Per rank: peak of what the micro-batches hold in the replay (the cost model's
-    `activations` of one in flight, and its `transient` during each backward)."""
-    saved, transient = [], []
+    `activations` of one in flight per stage, and the rank's largest `transient` during each
+    backward; a rank running several stages keeps each stage's saved bytes apart)."""
+    rank = {st.device: r for r, st in enumerate(firsts)}
+    width = max(st.stage for st in stages) + 1
+    saved = np.zeros((len(firsts), width))
+    transient = np.zeros(len(firsts))
     for st in stages:
+        r = rank[st.device]
         mbs = plan.pipelines[st.pipeline].micro_batch_size
         recompute = plan.pipelines[st.pipeline].stages[st.stage].recomputes(plan.train)
         costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
-        saved.append(one.activations)
-        transient.append(one.transient)
+        saved[r, st.stage] = one.activations
+        transient[r] = max(transient[r], one.transient)
     return trace.activation_peak(saved, transient)

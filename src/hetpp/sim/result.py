@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hetpp.sim.trace import Kind, Trace
+from hetpp.sim.trace import BACKWARD, COMPUTE, Kind, Trace
 
 
 @dataclass(frozen=True)
@@ -108,15 +108,15 @@ def step_times(
     trace: Trace, pipeline_of_rank: list[int], num_pipelines: int
 ) -> tuple[float, tuple[float, ...], float, float]:
     """(iteration, per-pipeline time, exposed sync, bubble fraction) of a trace."""
-    last_b = trace.last_end_per_rank((Kind.B,))
+    last_b = trace.last_end_per_rank(BACKWARD)
     pipes = [0.0] * num_pipelines
     for r, p in enumerate(pipeline_of_rank):
         pipes[p] = max(pipes[p], float(last_b[r]))
     compute_end = max(pipes)
     sync_end = float(trace.last_end_per_rank((Kind.SYNC,)).max(initial=0.0))
-    fb = float(trace.time_per_rank((Kind.F, Kind.B)).sum())
+    fb = float(trace.time_per_rank(COMPUTE).sum())
     bubble = 1.0 - fb / (trace.num_ranks * compute_end) if compute_end > 0 else 0.0
     iteration = float(
-        trace.last_end_per_rank((Kind.F, Kind.B, Kind.SYNC, Kind.OPT, Kind.GATHER)).max(initial=0.0)
+        trace.last_end_per_rank((*COMPUTE, Kind.SYNC, Kind.OPT, Kind.GATHER)).max(initial=0.0)
     )
     return iteration, tuple(pipes), max(0.0, sync_end - compute_end), bubble

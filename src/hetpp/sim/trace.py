@@ -19,8 +19,18 @@ class Kind(IntEnum):
     """Inside a gradient all-reduce."""
     OPT = 3
     """Optimizer step."""
-    GATHER = 4
+    I = 4  # noqa: E741 (torch's name for the action)
+    """Input-grad part of a split backward (sends the gradient upstream)."""
+    W = 5
+    """Weight-grad part of a split backward (completes the stage's parameter gradients)."""
+    GATHER = 6
     """Inside an all-gather of updated parameters (optimizer sharding, after OPT)."""
+
+
+BACKWARD = (Kind.B, Kind.I, Kind.W)
+"""Kinds that make up backward work: a full backward, or its two parts."""
+COMPUTE = (Kind.F, *BACKWARD)
+"""Kinds of pipeline compute (forward and backward work)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +62,12 @@ class Trace:
     kind: np.ndarray
     """A Kind code."""
     index: np.ndarray
-    """Micro-batch for F/B, bucket for SYNC, -1 for OPT."""
+    """Micro-batch for F/B/I/W, bucket for SYNC, -1 for OPT."""
     start: np.ndarray
     end: np.ndarray
     transfers: Transfers
+    stage: np.ndarray
+    """Pipeline stage of a compute interval (a rank may run several), -1 for SYNC and OPT."""
 
     @property
     def makespan_s(self) -> float:
@@ -77,23 +89,30 @@ class Trace:
         return out
 
     def activation_peak(self, saved: np.ndarray, transient: np.ndarray) -> np.ndarray:
-        """Peak activation bytes of each rank, replaying its F and B intervals in time order.
+        """Peak activation bytes of each rank, replaying its compute intervals in time order.
 
-        A micro-batch's `saved[rank]` bytes are taken when its forward starts and released when its
-        backward ends; `transient[rank]` more are held while a backward runs (the recomputed
+        A micro-batch's saved bytes (`saved[rank]`, or `saved[rank, stage]` when a rank runs
+        several stages) are taken when its forward starts and released when its backward ends,
+        or, when the backward is split, when its W ends (the weight gradient needs the layer
+        inputs); `transient[rank]` more are held while a B or I runs (the recomputed
         activations). With `saved = 1, transient = 0` this counts micro-batches in flight."""
-        sel = np.isin(self.kind, (Kind.F, Kind.B))
-        rank, kind = self.rank[sel], self.kind[sel]
-        is_f = kind == Kind.F
-        s, x = np.asarray(saved, float)[rank], np.asarray(transient, float)[rank]
-        # Each F is one event (+saved at its start); each B two (+transient at its start,
-        # -(saved + transient) at its end).
-        rank_b = rank[~is_f]
-        ranks = np.concatenate([rank[is_f], rank_b, rank_b])
-        times = np.concatenate(
-            [self.start[sel][is_f], self.start[sel][~is_f], self.end[sel][~is_f]]
-        )
-        delta = np.concatenate([s[is_f], x[~is_f], -(s + x)[~is_f]])
+        sel = np.isin(self.kind, COMPUTE)
+        rank, kind, stage = self.rank[sel], self.kind[sel], self.stage[sel]
+        start, end = self.start[sel], self.end[sel]
+        saved = np.asarray(saved, float)
+        s = saved[rank] if saved.ndim == 1 else saved[rank, stage]
+        x = np.asarray(transient, float)[rank]
+        zero = np.zeros(len(rank))
+        is_f, is_b, is_i, is_w = (kind == k for k in (Kind.F, Kind.B, Kind.I, Kind.W))
+        grad = is_b | is_i  # runs the (recomputed) forward again: holds the transient
+        # Events: F +saved at its start; B/I +transient at start, -transient at end; B and W
+        # -saved at their end.
+        ranks = np.concatenate([rank, rank, rank])
+        times = np.concatenate([start, start, end])
+        delta = np.concatenate(
+            [np.where(is_f, s, zero), np.where(grad, x, zero),
+             -np.where(grad, x, zero) - np.where(is_b | is_w, s, zero)]
+        )  # fmt: skip
         # Ties release first: a forward starting the instant a backward ends reuses its memory.
         order = np.lexsort((delta, times, ranks))
         ranks, delta = ranks[order], delta[order]

@@ -279,14 +279,9 @@ def _check_pipeline(
                 raise SpecError(
                     f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
                 )
-    least = spec.min_micro_batches(len(pipe.stages))
-    if pipe.num_micro_batches < least:
-        per = spec.micro_batches_per_stage
-        raise SpecError(
-            f"{spec.name.upper()} needs num_micro_batches >= "
-            f"{'stages' if per == 1 else f'{per} x stages'} ({pipe.num_micro_batches} < {least})",
-            field=f"{where}.num_micro_batches",
-        )
+    problem = spec.micro_batch_problem(len(pipe.stages), len(pipe.devices), pipe.num_micro_batches)
+    if problem is not None:
+        raise SpecError(problem, field=f"{where}.num_micro_batches")
 
 
 def _check_placement(pipe: PipelinePlan, spec: ScheduleSpec, where: str) -> None:

@@ -1,0 +1,225 @@
+"""Schedule and chunk count per pipeline: a pass over a strategy's best plan.
+
+The search shapes pipelines (devices, splits, batch shares) under the plan's single-chunk
+schedule. This pass then tries, pipeline by pipeline (slowest first), each multi-chunk schedule
+the problem allows (`Problem.chunked_schedules`) at each chunk count it admits: the pipeline's
+layers re-split over its `chunks x D` stages, placed as the schedule says, each device's memory
+shared by its chunks; its micro-batch count kept if the schedule's torch class takes it. A
+change is kept when the full step cost (`step_cost`, memory included) improves. Then, where the
+strategy balances batch shares, data balance runs again on the new pipeline times (counts that
+torch refuses are moved to the nearest accepted ones). Memory judges every candidate: a schedule
+that holds more activations, or a split that does not fit, is never picked.
+
+How each strategy may use it (so that comparisons stay fair): every strategy gets the same
+schedules; a strategy keeps its own kind of split and batch: `split="balanced"` re-splits with
+the stage-balance DP (hpp, layer-balanced), `split="equal"` deals the layers out equally over
+the stages (uniform, data-balanced); `rebalance` is on only for strategies that balance batch
+shares (hpp, data-balanced), so equal-batch baselines keep equal batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from hetpp.cost.pipeline import fill_and_beat
+from hetpp.cost.step import StepCost, stage_costs, step_cost
+from hetpp.planner.balance import PipelineGroup, allocate
+from hetpp.planner.partition import equal_bounds
+from hetpp.planner.problem import Problem
+from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
+
+Split = Literal["balanced", "equal"]
+CHUNK_COUNTS = {"loop": (2,), "v": (2,)}
+"""Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory)."""
+
+
+def choose_schedules(
+    problem: Problem, plan: Plan, split: Split = "balanced", rebalance: bool = True
+) -> tuple[Plan, StepCost]:
+    """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
+    best = step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
+    if not problem.chunked_schedules:
+        return plan, best
+    groups: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        if pipe.chunks == 1:
+            groups.setdefault(_shape(problem, pipe), []).append(i)
+    # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
+    # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
+    for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
+        start = plan
+        for name in problem.chunked_schedules:
+            spec = SCHEDULES[name]
+            for chunks in CHUNK_COUNTS[spec.placement]:
+                trial = start
+                for i in members:
+                    pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split)
+                    if pipe is None:
+                        break
+                    trial = _with_pipeline(trial, i, pipe)
+                else:
+                    trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
+                    if trial is None:
+                        continue
+                    cost = step_cost(trial, problem.cost_model(trial.train.recompute, shards=1))
+                    if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                        plan, best = trial, cost
+    if rebalance:
+        trial = _rebalanced(problem, plan)
+        if trial is not None:
+            cost = step_cost(trial, problem.cost_model(trial.train.recompute, shards=1))
+            if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                plan, best = trial, cost
+    return plan, best
+
+
+def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
+    """What makes two pipelines interchangeable here: GPU types, layers and batch share."""
+    return (
+        tuple((problem.cluster.gpu(st.device).name, st.layers) for st in pipe.stages),
+        pipe.micro_batch_size,
+        pipe.num_micro_batches,
+    )
+
+
+def _with_pipeline(plan: Plan, i: int, pipe: PipelinePlan) -> Plan:
+    pipes = list(plan.pipelines)
+    pipes[i] = pipe
+    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+
+
+def _chunked(
+    problem: Problem,
+    plan: Plan,
+    pipe: PipelinePlan,
+    spec: ScheduleSpec,
+    chunks: int,
+    split: Split,
+) -> PipelinePlan | None:
+    """`pipe`'s devices running `chunks` stages each under `spec`, or None if its layers,
+    micro-batch count or memory do not allow it."""
+    devices, m = pipe.devices, pipe.num_micro_batches
+    num_devices = len(devices)
+    num = chunks * num_devices
+    while m > 1 and spec.micro_batch_problem(num, num_devices, m):
+        m -= 1  # the nearest count torch takes; `_settle` hands the rest to other pipelines
+    if num > problem.layer_list_len or spec.micro_batch_problem(num, num_devices, m):
+        return None
+    placed = [devices[spec.device_index(s, num_devices)] for s in range(num)]
+    if split == "balanced":
+        bounds = _proportional_bounds(problem, plan, pipe, placed, chunks)
+        if bounds is None:
+            return None
+    else:
+        bounds = equal_bounds(problem.layer_list_len, num)
+    stages = tuple(
+        StagePlan(devices=(d,), layers=(a, b))
+        for d, (a, b) in zip(placed, itertools.pairwise(bounds))
+    )
+    return PipelinePlan(
+        stages=stages, schedule=spec.name, micro_batch_size=pipe.micro_batch_size,
+        num_micro_batches=m,
+    )  # fmt: skip
+
+
+def _proportional_bounds(
+    problem: Problem, plan: Plan, pipe: PipelinePlan, placed: list[int], chunks: int
+) -> tuple[int, ...] | None:
+    """Cuts giving each stage a `1 / chunks` share of its device's work in `pipe` (the
+    search's stage balance): walking the stages in order, a stage takes layers on its own
+    device while that brings its time nearer its share, leaving a layer for each later stage
+    (None when the layers run out first)."""
+    cm = problem.cost_model(plan.train.recompute)
+    mbs = pipe.micro_batch_size
+    cum = {d: _cum_time(cm, problem.cluster.gpu(d), mbs) for d in pipe.devices}
+    share = {st.device: (cum[st.device][st.layers[1]] - cum[st.device][st.layers[0]]) / chunks
+             for st in pipe.stages}  # fmt: skip
+    num, end = len(placed), problem.layer_list_len
+    cuts = [0]
+    for s, d in enumerate(placed[:-1]):
+        a, b = cuts[-1], cuts[-1] + 1
+        last = end - (num - s - 1)  # leave a layer for every later stage
+        while b < last and abs(cum[d][b + 1] - cum[d][a] - share[d]) <= abs(
+            cum[d][b] - cum[d][a] - share[d]
+        ):
+            b += 1
+        if b > last:
+            return None
+        cuts.append(b)
+    return (*cuts, end)
+
+
+def _cum_time(cm, gpu, mbs: int):
+    """Cumulative forward + backward seconds over the layer list on one GPU type."""
+    costs = cm.layer_costs(gpu, mbs)
+    return costs.fwd_cum + costs.bwd_cum
+
+
+def _rebalanced(problem: Problem, plan: Plan) -> Plan | None:
+    """Data balance again over the plan's pipelines as they now run (None if it cannot)."""
+    groups = _groups(problem, plan)
+    if groups is None:
+        return None
+    got = allocate(groups, problem.micro_batches(plan.pipelines[0].micro_batch_size))
+    return None if got is None else _settle(problem, plan, [ms[0] for ms in got[1]], groups)
+
+
+def _groups(problem: Problem, plan: Plan) -> list[PipelineGroup] | None:
+    """Each pipeline's closed-form line as data balance reads it (None if memory caps one)."""
+    stages, _ = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
+    total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
+    groups = []
+    for p, pipe in enumerate(plan.pipelines):
+        spec = pipe.schedule_in(plan.train)
+        if not spec.bounded_in_flight:
+            return None  # memory caps its micro-batches: the search's shares stand
+        own = [s for s in stages if s.pipeline == p]
+        fill, beat = fill_and_beat(
+            [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
+            spec.name, len(pipe.devices), [s.weight_s for s in own],
+        )  # fmt: skip
+        groups.append(PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.stages)), total))
+    return groups
+
+
+def _settle(
+    problem: Problem, plan: Plan, counts: list[int], groups: list[PipelineGroup] | None = None
+) -> Plan | None:
+    """`plan` with these micro-batch counts, each that torch refuses lowered to the nearest it
+    takes and what they leave of the global batch given one at a time to the pipeline that
+    then finishes first (and takes it); None if that cannot be done."""
+    total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
+    if sum(counts) == total and all(_takes(plan, i, m) for i, m in enumerate(counts)):
+        return _with_counts(plan, counts)
+    groups = groups or _groups(problem, plan)
+    if groups is None:
+        return None
+    counts = list(counts)
+    for i in range(len(counts)):
+        while counts[i] > groups[i].lo and not _takes(plan, i, counts[i]):
+            counts[i] -= 1
+        if not _takes(plan, i, counts[i]):
+            return None
+    for _ in range(total - sum(counts)):
+        takers = [i for i in range(len(counts)) if _takes(plan, i, counts[i] + 1)]
+        if not takers:
+            return None
+        i = min(takers, key=lambda j: groups[j].time(counts[j] + 1))
+        counts[i] += 1
+    return _with_counts(plan, counts)
+
+
+def _takes(plan: Plan, i: int, m: int) -> bool:
+    """Whether pipeline i's schedule runs m micro-batches."""
+    pipe = plan.pipelines[i]
+    spec = pipe.schedule_in(plan.train)
+    return spec.micro_batch_problem(len(pipe.stages), len(pipe.devices), m) is None
+
+
+def _with_counts(plan: Plan, counts: list[int]) -> Plan:
+    pipes = tuple(
+        p.model_copy(update={"num_micro_batches": m}) for p, m in zip(plan.pipelines, counts)
+    )
+    return plan.model_copy(update={"pipelines": pipes, "grad_blocks": None})

@@ -1,0 +1,79 @@
+"""The planner's schedule pass: multi-chunk schedules per pipeline, judged by the full cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from planner_cases import cluster, problem
+from test_planner_strategies import check_plan
+
+from hetpp.cost.step import step_cost
+from hetpp.planner import STRATEGIES, plan
+from hetpp.planner.schedules import choose_schedules
+from hetpp.sim import compare_with_cost
+from hetpp.specs import SpecError, load_cluster
+from hetpp.specs.schedule import SCHEDULES
+
+CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
+MIXED8 = Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "mixed-8.yaml"
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """hpp on 4 A100s + 4 RTX 4090s, gpt3-1.3b, batch 64: one-chunk only, and with every
+    multi-chunk schedule allowed."""
+    cl = load_cluster(MIXED8)
+    one = plan(problem(cl, "gpt3-1.3b", 64, seq=2048, schedules=()), "hpp")
+    many = problem(cl, "gpt3-1.3b", 64, seq=2048, schedules=CHUNKED)
+    return one, many, plan(many, "hpp")
+
+
+def test_multi_chunk_plans_are_valid_fit_and_faster(plans):
+    one, prob, got = plans
+    check_plan(prob, got)
+    final = got.final_plan()
+    assert any(p.chunks > 1 for p in final.pipelines)  # the bubble is worth removing here
+    assert {p.schedule for p in final.pipelines if p.chunks > 1} <= set(CHUNKED)
+    assert got.iteration_time_s < one.iteration_time_s
+    # the simulator agrees with the closed form the pass ranked it by
+    assert abs(compare_with_cost(final, prob.cost_model(final.train.recompute)).rel_diff) < 0.05
+
+
+def test_the_pass_never_makes_a_plan_slower_and_is_a_no_op_without_schedules(plans):
+    one, prob, _ = plans
+    base = one.final_plan()
+    same, step = choose_schedules(problem(prob.cluster, prob.model, 64, schedules=()), base)
+    assert same is base and step.iteration_time_s == pytest.approx(one.iteration_time_s)
+    for split, rebalance in (("equal", False), ("balanced", False), ("equal", True)):
+        _, step = choose_schedules(prob, base, split, rebalance)
+        assert step.fits and step.iteration_time_s <= one.iteration_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "oracle"])
+def test_every_strategy_may_use_them(name):
+    cl = cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1))
+    p = problem(cl, "gpt3-1.3b", 32, schedules=CHUNKED)
+    r = plan(p, name)
+    check_plan(p, r)
+    base = plan(problem(cl, "gpt3-1.3b", 32, schedules=()), name)
+    assert r.iteration_time_s <= base.iteration_time_s * (1 + 1e-12)
+    assert step_cost(r.plan, p.cost_model(r.plan.train.recompute)).fits
+
+
+def test_the_search_keeps_a_one_chunk_base_schedule():
+    cl = cluster(("A100-80GB", 2, 1))
+    with pytest.raises(SpecError, match="schedule: the planner shapes pipelines under a one-chunk"):
+        _with_base("zbv", cl)
+    with pytest.raises(SpecError, match="schedules: '1f1b' is not a multi-chunk schedule"):
+        problem(cl, "gpt3-1.3b", 8, schedules=("1f1b",))
+    # by default only what the runtime executes
+    expect = tuple(n for n in CHUNKED if SCHEDULES[n].executable)
+    assert problem(cl, "gpt3-1.3b", 8).chunked_schedules == expect
+
+
+def _with_base(schedule: str, cl):
+    from hetpp.planner import Problem
+    from hetpp.specs import TrainSpec, load_model
+
+    return Problem(load_model("gpt3-1.3b", 1024), cl, TrainSpec(global_batch=8, schedule=schedule))

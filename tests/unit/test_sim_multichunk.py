@@ -1,0 +1,165 @@
+"""Multi-chunk schedules in the simulator: several stages per rank, split backwards (I, W)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from test_sim_plan import EXAMPLES
+
+from hetpp.cost.pipeline import pipeline_time_s
+from hetpp.cost.step import cost_model_for_plan, device_memories, stage_costs, step_cost
+from hetpp.sim import compare_with_cost, simulate_pipeline, simulate_plan
+from hetpp.sim.schedule import format_actions, rank_actions
+from hetpp.sim.trace import Kind
+from hetpp.specs import PRESETS, Plan, load_cluster
+from hetpp.specs.schedule import SCHEDULES
+
+MULTI = [n for n, s in SCHEDULES.items() if s.placement != "one"]
+
+
+def test_zbv_turn_is_local_and_weight_grads_send_nothing():
+    # Two devices, stages 0-3 in a V: device 1 runs stages 1 and 2, handing over in memory.
+    acts = format_actions(rank_actions("zbv", 1, 2, 2, chunks=2, optimizer=False))
+    # torch's ZB-V for rank 1 of 2 and 2 micro-batches: F1 F2 F1 F2, then I and W per chunk
+    assert acts == [
+        "1RECV_F0", "1F0", "2F0", "2SEND_F0",
+        "1RECV_F1", "1F1", "2F1", "2SEND_F1",
+        "2RECV_B0", "2I0", "2W0", "1I0", "1SEND_B0", "1W0",
+        "2RECV_B1", "2I1", "2W1", "1I1", "1SEND_B1", "1W1",
+    ]  # fmt: skip
+
+
+def test_interleaved_wraps_from_the_last_device_to_the_first():
+    acts = format_actions(rank_actions("interleaved-1f1b", 0, 2, 2, chunks=2, optimizer=False))
+    # stage 2 (device 0's second chunk) receives from stage 1 on device 1: the wrap
+    assert acts[:6] == ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "2RECV_F0", "2F0"]
+
+
+def _cases(spec):
+    for num_ranks in range(1, 5):
+        for chunks in (2, 3) if spec.placement == "loop" else (2,):
+            for m in range(1, 13):
+                if spec.micro_batch_problem(num_ranks * chunks, num_ranks, m) is None:
+                    yield num_ranks, chunks, m
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_every_order_runs_without_deadlock_and_does_every_step_once(name):
+    spec = SCHEDULES[name]
+    rng = np.random.default_rng(0)
+    for num_ranks, chunks, m in _cases(spec):
+        num = num_ranks * chunks
+        f = list(rng.uniform(0.5, 1.5, num))
+        tr = simulate_pipeline(f, [2 * x for x in f], [0.1] * (num - 1), m, name, num_ranks)
+        for s in range(num):
+            done = {k: sorted(tr.index[(tr.stage == s) & (tr.kind == k)]) for k in Kind}
+            assert done[Kind.F] == list(range(m))
+            # each micro-batch's backward runs whole (B) or as I then W, never both
+            assert sorted(done[Kind.B] + done[Kind.I]) == list(range(m))
+            assert sorted(done[Kind.B] + done[Kind.W]) == list(range(m))
+        # a rank runs exactly the stages its placement gives it
+        for r in range(num_ranks):
+            mine = set(tr.stage[(tr.rank == r) & np.isin(tr.kind, [Kind.F])])
+            assert mine == {s for s in range(num) if spec.device_index(s, num_ranks) == r}
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_in_flight_counts_the_replayed_peak(name):
+    spec = SCHEDULES[name]
+    for num_ranks, chunks, m in _cases(spec):
+        num = num_ranks * chunks
+        tr = simulate_pipeline([1.0] * num, [2.0] * num, [0.0] * (num - 1), m, name, num_ranks)
+        # each stage's own peak, replayed: one micro-batch of that stage weighs 1, others 0
+        for s in range(num):
+            alone = np.zeros((num_ranks, num))
+            alone[:, s] = 1.0
+            peak = tr.activation_peak(alone, np.zeros(num_ranks))[spec.device_index(s, num_ranks)]
+            assert spec.in_flight(s, num, m, num_ranks) == peak, (num_ranks, chunks, m, s)
+        # their sum bounds the device's peak
+        held = [
+            sum(
+                spec.in_flight(s, num, m, num_ranks)
+                for s in range(num)
+                if spec.device_index(s, num_ranks) == r
+            )
+            for r in range(num_ranks)
+        ]
+        assert all(np.asarray(tr.max_in_flight()) <= held), (num_ranks, chunks, m)
+
+
+def test_interleaving_cuts_the_bubble_and_zero_bubble_cuts_it_further():
+    # 4 devices, f = 1 and b = 2 per device and micro-batch, 8 micro-batches, free links: 1F1B
+    # has a 3 x 3 s bubble; 2 chunks halve it; split backwards leave about a third of that.
+    one = simulate_pipeline([1.0] * 4, [2.0] * 4, [0.0] * 3, 8).makespan_s
+    inter = simulate_pipeline([0.5] * 8, [1.0] * 8, [0.0] * 7, 8, "interleaved-1f1b", 4)
+    zb = simulate_pipeline([0.5] * 8, [1.0] * 8, [0.0] * 7, 8, "interleaved-zb", 4)
+    assert one == 8 * 3 + 9
+    assert inter.makespan_s == pytest.approx(8 * 3 + 4.5)
+    assert 8 * 3 < zb.makespan_s < 8 * 3 + 4.5
+    for trace, name in ((inter, "interleaved-1f1b"), (zb, "interleaved-zb")):
+        closed = pipeline_time_s([0.5] * 8, [1.0] * 8, [0.0] * 7, 8, name, 4)
+        assert closed == pytest.approx(trace.makespan_s, rel=0.05)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_closed_form_within_5_percent_on_even_pipelines(name):
+    spec = SCHEDULES[name]
+    for num_ranks in (2, 3, 4):
+        for chunks in (2, 3) if spec.placement == "loop" else (2,):
+            num = num_ranks * chunks
+            f, b = [1.0 / chunks] * num, [2.0 / chunks] * num
+            c = [0.0 if spec.device_index(s, num_ranks) == spec.device_index(s + 1, num_ranks)
+                 else 0.01 for s in range(num - 1)]  # fmt: skip
+            for m in (2 * num_ranks, 4 * num_ranks):
+                sim = simulate_pipeline(f, b, c, m, name, num_ranks).makespan_s
+                closed = pipeline_time_s(f, b, c, m, name, num_ranks)
+                assert closed == pytest.approx(sim, rel=0.05), (num_ranks, chunks, m)
+
+
+def _chunked_plan(schedule: str) -> Plan:
+    """gpt3-1.3b on 4 A100s: one interleaved or V pipeline of 8 stages, and a 1F1B one on V100s."""
+    cluster = load_cluster(EXAMPLES / "a100-v100.yaml")
+    spec = SCHEDULES[schedule]
+    bounds = [0, 4, 7, 10, 13, 16, 19, 22, 26]
+    stages = [
+        {"devices": [spec.device_index(s, 4)], "layers": [a, b]}
+        for s, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+    v100 = [{"devices": [16 + i], "layers": [a, b]} for i, (a, b) in enumerate([(0, 13), (13, 26)])]
+    return Plan(
+        global_batch=64,
+        seq_len=2048,
+        model=PRESETS["gpt3-1.3b"],
+        cluster=cluster,
+        pipelines=[
+            {
+                "stages": stages,
+                "schedule": schedule,
+                "micro_batch_size": 2,
+                "num_micro_batches": 24,
+            },
+            {"stages": v100, "micro_batch_size": 2, "num_micro_batches": 8},
+        ],
+    ).validate_plan()
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_a_plan_mixing_schedules_simulates_and_agrees(name):
+    plan = _chunked_plan(name)
+    cm = cost_model_for_plan(plan)
+    res = simulate_plan(plan, cm)
+    assert [d.device for d in res.devices] == [0, 1, 2, 3, 16, 17]  # one rank per device
+    agreement = compare_with_cost(plan, cm)
+    assert abs(agreement.rel_diff) < 0.05 and abs(agreement.pipeline_rel_diff[0]) < 0.05
+    # the cost model charges each device all its stages: never less than the replay's peak
+    mem = device_memories(stage_costs(plan, cm)[0])
+    for d in res.devices:
+        assert d.peak_memory_bytes <= mem[d.device][0].total * (1 + 1e-12)
+    assert step_cost(plan, cm).fits == res.fits
+
+
+def test_same_device_stages_cost_no_transfer():
+    plan = _chunked_plan("zbv")
+    stages, _ = stage_costs(plan, cost_model_for_plan(plan))
+    turn = [s for s in stages if s.pipeline == 0][3]  # stage 3 hands stage 4 over on device 3
+    assert turn.device == 3 and turn.send_s == 0.0
