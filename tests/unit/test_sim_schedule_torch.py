@@ -48,7 +48,8 @@ def torch_order(torch_class: str, stage: int, num_stages: int, m: int) -> list[s
     return rec.log
 
 
-@pytest.mark.parametrize("name", list(SCHEDULES))
+# Single-stage schedules: the multi-chunk entries' orders are the planning half of issue 13's.
+@pytest.mark.parametrize("name", [n for n, s in SCHEDULES.items() if s.placement == "one"])
 def test_simulated_order_is_torchs_for_up_to_8_stages_and_24_micro_batches(name):
     spec = SCHEDULES[name]
     checked = 0

@@ -60,6 +60,12 @@ class ScheduleSpec:
     simulator adds the sends and receives around them)."""
     placement: Placement = "one"
     """Where the pipeline's stages run (`Placement`); "one" for single-chunk schedules."""
+    splits_backward: bool = False
+    """Backward runs as two actions, input-grad then weight-grad (zero-bubble schedules): a
+    parameter's gradient is final only after the stage's last weight-grad action."""
+    executable: bool = False
+    """The runtime executes this schedule exactly (`hetpp.runtime.contract` refuses a plan
+    naming one that it does not)."""
 
     def allows_chunks(self, chunks: int) -> bool:
         """Whether a pipeline may run `chunks` stages per device under this schedule."""
@@ -100,6 +106,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             bounded_in_flight=True,
             timing_rule="lockstep",
             order=one_f_one_b_order,
+            executable=True,
         ),
         ScheduleSpec(
             name="gpipe",
@@ -108,6 +115,45 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             bounded_in_flight=False,
             timing_rule="flow-lines",
             order=gpipe_order,
+            executable=True,
+        ),
+        # Multi-chunk schedules. Their timing rule, in-flight bound and order are the 1F1B ones
+        # for now, placeholders that the planning half of issue 13 (sched-plan) replaces with
+        # each schedule's own; the runtime reads only torch_class, placement, splits_backward
+        # and executable. m >= stages (every virtual stage) is what torch's ZBV needs to fill
+        # its V (it builds max(2D - 1, m) micro-batches' actions); the interleaved schedules'
+        # rounds rule is checked by `hetpp.runtime.contract`.
+        ScheduleSpec(
+            name="interleaved-1f1b",
+            torch_class="ScheduleInterleaved1F1B",
+            micro_batches_per_stage=1,
+            bounded_in_flight=True,
+            timing_rule="lockstep",
+            order=one_f_one_b_order,
+            placement="loop",
+            executable=True,
+        ),
+        ScheduleSpec(
+            name="interleaved-zb",
+            torch_class="ScheduleInterleavedZeroBubble",
+            micro_batches_per_stage=1,
+            bounded_in_flight=True,
+            timing_rule="lockstep",
+            order=one_f_one_b_order,
+            placement="loop",
+            splits_backward=True,
+            executable=True,
+        ),
+        ScheduleSpec(
+            name="zbv",
+            torch_class="ScheduleZBVZeroBubble",
+            micro_batches_per_stage=1,
+            bounded_in_flight=True,
+            timing_rule="lockstep",
+            order=one_f_one_b_order,
+            placement="v",
+            splits_backward=True,
+            executable=True,
         ),
     )
 }
