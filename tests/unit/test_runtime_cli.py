@@ -93,6 +93,11 @@ def test_train_refuses_micro_batches_torchs_interleaving_cannot_split_into_round
     assert "pipelines[1].num_micro_batches: interleaved-1f1b on 2 devices" in err, err
 
 
+def test_train_refuses_a_memory_report_of_a_multi_chunk_plan(tmp_path, capsys):
+    assert main(["train", "--plan", _two_pipelines(tmp_path, "zbv", 4), "--memory-report"]) == 2
+    assert "--memory-report: compares one stage per device" in capsys.readouterr().err
+
+
 def test_rank_0_says_what_it_executes():
     stages = (
         StagePlan(devices=(1,), layers=(0, 2), recompute=True),
