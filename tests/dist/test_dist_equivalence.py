@@ -102,6 +102,13 @@ CASES = {
         "1f1b",
         {"fp64": True},
     ),
+    # One pipeline, zero-bubble interleaving: the tied weight's copies on two ranks.
+    "gpt-1pipe-izb2x2-clip": (
+        "tiny-gpt",
+        [pipeline([0, 1, 0, 1], [0, 1, 3, 5, 6], 1, 4, schedule="interleaved-zb")],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
     # Zero-bubble interleaving, three chunks per device (every layer its own stage), beside
     # GPipe; clipping needs the weight-grad actions' gradients to be final before the sync.
     "llama-2pipes-izb3x2+gpipe3-clip": (

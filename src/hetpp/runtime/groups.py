@@ -1,4 +1,4 @@
-"""Who runs what: rank <-> plan device, each rank's (pipeline, stage), and the process groups.
+"""Who runs what: rank <-> plan device, each rank's pipeline and stages, and the process groups.
 
 Ranks are the plan's device ids in increasing order, so a plan over devices 0..N-1 runs rank r on
 device r. `RankMap` works this out once from the plan; everything else asks it. `dist.new_group`

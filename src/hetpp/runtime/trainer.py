@@ -131,7 +131,7 @@ def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> Run
 
 
 class RankTrainer:
-    """This rank's stage, schedule, optimizer and reductions, and the step loop."""
+    """This rank's stages, schedule, optimizer and reductions, and the step loop."""
 
     def __init__(
         self, plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity, device: torch.device
