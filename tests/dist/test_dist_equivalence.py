@@ -88,6 +88,58 @@ CASES = {
         "1f1b",
         {"fp64": True},
     ),
+    # Multi-chunk schedules (a device runs several stages, `pipeline` lists each stage's device):
+    # three schedules in one plan, pipelines of different shapes. Pipeline 0 interleaves two
+    # chunks per device; pipeline 2 is a V (its first device holds the embedding and the head,
+    # one shared tied weight); pipeline 1 is plain 1F1B.
+    "gpt-3pipes-interleaved2x2+1f1b2+zbv2x2": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 0, 1], [0, 1, 3, 4, 6], 1, 4, schedule="interleaved-1f1b"),
+            pipeline([2, 3], [0, 3, 6], 2, 2),
+            pipeline([4, 5, 5, 4], [0, 2, 3, 5, 6], 1, 4, schedule="zbv"),
+        ],
+        "1f1b",
+        {"fp64": True},
+    ),
+    # One pipeline, zero-bubble interleaving: the tied weight's copies on two ranks.
+    "gpt-1pipe-izb2x2-clip": (
+        "tiny-gpt",
+        [pipeline([0, 1, 0, 1], [0, 1, 3, 5, 6], 1, 4, schedule="interleaved-zb")],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
+    # Zero-bubble interleaving, three chunks per device (every layer its own stage), beside
+    # GPipe; clipping needs the weight-grad actions' gradients to be final before the sync.
+    "llama-2pipes-izb3x2+gpipe3-clip": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 0, 1, 0, 1], [0, 1, 2, 3, 4, 5, 6], 1, 6, schedule="interleaved-zb"),
+            pipeline([2, 3, 4], [0, 2, 4, 6], 2, 2, schedule="gpipe"),
+        ],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
+    # A V over three devices with recomputation on some stages, beside interleaved 1F1B.
+    "gpt-2pipes-zbv3x2-recompute+interleaved2x2-sgd": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 2, 2, 1, 0], [0, 1, 2, 3, 4, 5, 6], 1, 6, "rnrr--", schedule="zbv"),
+            pipeline([3, 4, 3, 4], [0, 2, 3, 4, 6], 1, 4, schedule="interleaved-1f1b"),
+        ],
+        "zbv",
+        # Validation runs the schedules forward only between steps.
+        {"fp64": True, "optimizer": "sgd", "lr": 0.1, "eval_every": 2, "eval_batches": 1},
+    ),
+    "llama-2pipes-zbv2x2+interleaved-zb2x2-bf16": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 1, 0], [0, 2, 3, 4, 6], 1, 4, schedule="zbv"),
+            pipeline([2, 3, 2, 3], [0, 1, 3, 5, 6], 2, 4, schedule="interleaved-zb"),
+        ],
+        "1f1b",
+        {"precision": "bf16", "clip_grad": 0.05},
+    ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],

@@ -34,9 +34,9 @@ def _two_steps(rank: int, world: int, init: str, path: str) -> list[tuple[float,
     )
     out = []
     for step in (1, 2):
-        before = [p.detach().clone() for p in t.stage.parameters()]
+        before = [p.detach().clone() for p in t.model.parameters()]
         t.step(step)
-        changed = any(not torch.equal(a, p) for a, p in zip(before, t.stage.parameters()))
+        changed = any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
         out.append((t.scaler.scale, changed))
     dist.destroy_process_group()
     return out

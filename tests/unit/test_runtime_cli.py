@@ -3,11 +3,14 @@ starting any rank."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hetpp.cli.main import main
 from hetpp.runtime.contract import describe
 from hetpp.specs import PRESETS, PipelinePlan, Plan, StagePlan
+from hetpp.specs.schedule import SCHEDULES
 
 
 @pytest.fixture
@@ -53,6 +56,47 @@ def test_train_refuses_a_plan_it_cannot_execute(tmp_path, train, extra, words, c
     assert main(["train", "--plan", str(path), *extra]) == 2
     err = capsys.readouterr().err
     assert words in err and str(path) in err and len(err.strip().splitlines()) == 1
+
+
+def _two_pipelines(tmp_path, schedule: str, m: int) -> str:
+    """Pipeline 0: 1F1B on device 0; pipeline 1: `schedule` with two stages on each of devices
+    1 and 2 (its placement) and `m` micro-batches."""
+    one = PipelinePlan(
+        stages=(StagePlan(devices=(0,), layers=(0, 6)),), micro_batch_size=1, num_micro_batches=2
+    )
+    spec = SCHEDULES[schedule]
+    stages = tuple(
+        StagePlan(devices=((1, 2)[spec.device_index(s, 2)],), layers=(a, b))
+        for s, (a, b) in enumerate([(0, 2), (2, 3), (3, 5), (5, 6)])
+    )
+    two = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=m, schedule=schedule)
+    path = tmp_path / "plan.json"
+    Plan(global_batch=2 + m, seq_len=8, pipelines=(one, two), model=PRESETS["tiny-gpt"]).save(path)
+    return str(path)
+
+
+def test_train_refuses_a_schedule_the_runtime_does_not_execute(tmp_path, monkeypatch, capsys):
+    # A registry entry not marked executable (as a schedule added for planning only would be).
+    monkeypatch.setitem(SCHEDULES, "zbv", replace(SCHEDULES["zbv"], executable=False))
+    path = _two_pipelines(tmp_path, "zbv", 4)
+    assert main(["train", "--plan", path]) == 2
+    err = capsys.readouterr().err
+    assert "pipelines[1].schedule: zbv: the runtime does not execute this schedule" in err
+    assert path in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_refuses_micro_batches_torchs_interleaving_cannot_split_into_rounds(tmp_path, capsys):
+    # 5 micro-batches on 2 devices: torch runs 5 // 2 = 2 rounds, and 5 is not a multiple of 2.
+    path = _two_pipelines(tmp_path, "interleaved-1f1b", 5)
+    assert main(["train", "--plan", path]) == 2
+    err = capsys.readouterr().err
+    want = "pipelines[1].num_micro_batches: interleaved-1f1b needs num_micro_batches a multiple"
+    assert want in err, err
+
+
+def test_train_refuses_a_memory_report_of_a_multi_chunk_plan(tmp_path, capsys):
+    assert main(["train", "--plan", _two_pipelines(tmp_path, "zbv", 4), "--memory-report"]) == 2
+    assert "--memory-report: compares one stage per device" in capsys.readouterr().err
 
 
 def test_rank_0_says_what_it_executes():

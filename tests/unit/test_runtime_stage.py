@@ -57,17 +57,50 @@ def test_timed_call_lasts_factor_times_cpu_time(monkeypatch, factor, cpu_s, idle
     assert clock.wall_s == 2 * expected_s
 
 
-def test_buckets_start_in_grad_buckets_order_whatever_order_they_complete():
-    # Bucket 0 merges blocks far apart and completes last; bucket 1 must still wait for it.
-    from hetpp.runtime.gradsync import GradSync
+def _fake_sync(buckets: dict[str, list[tuple[str, int]]]):
+    """A GradSync without process groups: each bucket's (parameter, local stage) list; started
+    buckets are recorded by name."""
+    from hetpp.runtime.gradsync import Bucket, GradSync
 
-    started: list[int] = []
+    params = {n: torch.nn.Parameter(torch.zeros(1)) for ps in buckets.values() for n, _ in ps}
     sync = object.__new__(GradSync)
-    sync.buckets = [SimpleNamespace(id=i, waiting=1) for i in range(3)]
-    sync._start = lambda b: started.append(b.id)
-    sync.armed, sync.issued = True, 0
-    for i in (1, 2, 0):
-        sync._arrived(sync.buckets[i])
-        if i != 0:
+    sync.buckets, sync.stage_params = [], [[], []]
+    for name, ps in buckets.items():
+        bucket = Bucket((0, 1), ((0, 1),), [params[n] for n, _ in ps])
+        bucket.name = name
+        sync.buckets.append(bucket)
+        for n, stage in ps:
+            sync.stage_params[stage].append((params[n], bucket))
+    started: list[str] = []
+    sync._start = lambda b: started.append(b.name)
+    sync._reset()
+    return sync, params, started
+
+
+def test_buckets_start_in_grad_buckets_order_whatever_order_they_complete():
+    # Bucket a merges blocks far apart and completes last; b must still wait for it.
+    sync, params, started = _fake_sync({"a": [("x", 0)], "b": [("y", 0)], "c": [("z", 0)]})
+    sync.arm(0)
+    for name, param in (("b", "y"), ("c", "z"), ("a", "x")):
+        sync._arrived(params[param], 0, sync.buckets["abc".index(name)])
+        if name != "a":
             assert started == []
-    assert started == [0, 1, 2]
+    assert started == ["a", "b", "c"]
+
+
+def test_a_bucket_completes_with_the_last_backward_of_every_stage_holding_it():
+    # Two local stages (model chunks); bucket b holds parameters of both.
+    sync, params, started = _fake_sync(
+        {"a": [("x", 1)], "b": [("y", 0), ("w", 1)], "c": [("z", 0)]}
+    )
+    bucket = dict(zip("abc", sync.buckets))
+    sync._arrived(params["y"], 0, bucket["b"])  # an earlier micro-batch's backward: not final
+    sync.arm(1)  # chunk 1's last full backward: its hooks count ...
+    sync._arrived(params["w"], 1, bucket["b"])
+    assert started == [] and bucket["b"].waiting == 1
+    sync.finish(1)  # ... and when it returns, every parameter of chunk 1 is final
+    assert started == ["a"]
+    # Chunk 0's last weight-grad action: no hook fires (torch assigns .grad itself), finish does.
+    sync.arm(0)
+    sync.finish(0)
+    assert started == ["a", "b", "c"]

@@ -2,7 +2,8 @@
 
 It enumerates every multiset of pipeline templates that fits the cluster (every device-count
 vector, every stage order of its type runs, any number of copies, devices left idle), for every
-micro-batch size and recomputation setting, plus the baselines' plans. Each multiset gets the
+micro-batch size and recomputation setting, plus the baselines' plans; its fastest plans then get
+the schedule pass as hpp's do (`search.after_schedule_pass`). Each multiset gets the
 same placement and data balance as `hpp` and is ranked by the full step cost. Branch and bound
 (`multisets`) keeps that affordable without changing the answer: multisets are visited in order
 of a lower bound on their step cost, and the walk stops when it reaches the best cost found.
@@ -17,6 +18,7 @@ from hetpp.planner.assemble import Incumbent, PlanResult
 from hetpp.planner.baselines import BASELINES
 from hetpp.planner.multisets import branch_and_bound, compositions
 from hetpp.planner.problem import Problem
+from hetpp.planner.search import PASS_CANDIDATES, after_schedule_pass
 from hetpp.planner.shapes import Workspace
 from hetpp.specs.errors import SpecError
 
@@ -34,19 +36,21 @@ def search_oracle(problem: Problem, max_devices: int = MAX_DEVICES) -> PlanResul
             field="strategy",
         )
     t0 = time.perf_counter()
-    ws = Workspace(problem)
-    inc = Incumbent(problem, "oracle")
-    for run in BASELINES.values():
-        inc.offer_result(run(problem, ws))
+    ws = Workspace(problem, schedule_pass=False)
+    inc = Incumbent(problem, "oracle", keep=PASS_CANDIDATES)
+    seeds = [run(problem, ws) for run in BASELINES.values()]
+    for r in seeds:
+        inc.offer_result(r)
     for rc, mbs in ws.settings():
         ctx = ws.context(rc, mbs)
         templates = [t for c in compositions(ctx) for t in ctx.orders(c, exhaustive=True)]
         if templates:
             branch_and_bound(ctx, templates, lambda: inc.bound, partial(_offer, inc, ctx))
     elapsed = time.perf_counter() - t0
-    best = inc.result
-    if best is None or best.plan is None:
+    if inc.result is None or inc.result.plan is None:
         return PlanResult("oracle", None, None, elapsed, "no plan fits")
+    best = after_schedule_pass(problem, inc.results, seeds)  # as hpp ends
+    elapsed = time.perf_counter() - t0
     plan = best.plan.model_copy(update={"strategy": "oracle"})
     return PlanResult("oracle", plan, best.step, elapsed)
 

@@ -38,7 +38,7 @@ from hetpp.runtime.checkpoint_meta import (
     sha256,
 )
 from hetpp.runtime.guards import NonFiniteError
-from hetpp.runtime.model import TIED_EMBEDDING_PARAM, StageModule
+from hetpp.runtime.model import TIED_EMBEDDING_PARAM, RankModel, StageModule
 from hetpp.specs.errors import SpecError
 
 __all__ = ["CheckpointMeta", "latest", "load", "read_meta", "save"]
@@ -59,7 +59,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _layer_state(stage: StageModule, opt: torch.optim.Optimizer, index: int) -> dict:
+def _layer_state(stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int) -> dict:
     params = dict(stage.own_parameters(index))
     return {
         "layer": index,
@@ -72,7 +72,9 @@ def _layer_state(stage: StageModule, opt: torch.optim.Optimizer, index: int) -> 
     }
 
 
-def _write_layer(tmp: Path, stage: StageModule, opt: torch.optim.Optimizer, index: int) -> None:
+def _write_layer(
+    tmp: Path, stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int
+) -> None:
     state = _layer_state(stage, opt, index)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -92,7 +94,7 @@ def _write_layer(tmp: Path, stage: StageModule, opt: torch.optim.Optimizer, inde
 def save(
     ckpt_dir: str | Path,
     meta: CheckpointMeta,
-    stage: StageModule,
+    stage: StageModule | RankModel,
     opt: torch.optim.Optimizer,
     layers: list[int],
     rank: int,

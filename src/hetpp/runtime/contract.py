@@ -14,6 +14,7 @@ from pathlib import Path
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
+from hetpp.specs.schedule import SCHEDULES
 
 REDUCE_BYTES = (2, 4)
 """Gradient all-reduce element sizes the runtime has a dtype for (bf16/fp16, fp32)."""
@@ -22,13 +23,15 @@ REDUCE_BYTES = (2, 4)
 def check_executable(plan: Plan, fp64: bool = False) -> None:
     """Raise SpecError naming the first plan field the runtime cannot execute as written. The
     plan's own validation already limits the schedule to the registry (each entry names the torch
-    class the runtime runs) and a stage to one device."""
+    class the runtime runs and whether the runtime executes it) and a stage to one device."""
     train = plan.train
     if plan.sharding == "full" and train.precision == "fp16":
         raise SpecError(
             "fp16 (dynamic loss scaling) is not built for sharding 'full'; use bf16 or fp32",
             field="train.precision",
         )
+    for p in range(len(plan.pipelines)):
+        _check_schedule(plan, p)
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
@@ -48,6 +51,18 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
         raise SpecError(
             f"--fp64 runs an fp32 plan in float64; this plan is {train.precision}",
             field="train.precision",
+        )
+
+
+def _check_schedule(plan: Plan, p: int) -> None:
+    pipe = plan.pipelines[p]
+    spec = pipe.schedule_in(plan.train)
+    field = f"pipelines[{p}].schedule" if pipe.schedule else "train.schedule"
+    if not spec.executable:
+        runs = ", ".join(name for name, s in SCHEDULES.items() if s.executable)
+        raise SpecError(
+            f"{spec.name}: the runtime does not execute this schedule yet (it runs {runs})",
+            field=field,
         )
 
 

@@ -6,12 +6,21 @@ flattened and all-reduced (SUM) over the owners, in the dtype the plan's `grad_b
 says (`Precision.reduce_dtype`; the gradients themselves stay in the parameters' dtype). The
 loss is already divided by the global token count, so the sum is the full-batch mean gradient.
 
-Overlap: during the last micro-batch's backward, a hook on every parameter counts the bucket's
-gradients as they become final; the bucket's all-reduce starts (asynchronously) once it and every
-bucket before it in `grad_buckets` order (latest layers first, as backward finishes them) are
-complete. Every rank issues its buckets in that one global order, the simulator's too: ranks
+Overlap: a parameter's gradient is final once its stage's last backward has accumulated into it.
+A rank may run several stages (model chunks) whose last backwards come at different times, so
+completion is per stage: when a stage's last backward starts (`arm(stage)`), a hook on each of its
+parameters counts the parameter as final as its gradient is accumulated; when that backward ends
+(`finish(stage)`), every parameter of the stage is final. The hook covers full backwards; a
+zero-bubble schedule's weight-grad action assigns `.grad` itself (torch's `stage_backward_weight`,
+no accumulate hook fires), so there the stage's parameters become final together at `finish`,
+right after its last weight-grad action. The bucket's all-reduce starts (asynchronously) once it
+and every bucket before it in `grad_buckets` order (latest layers first, as backward finishes them)
+are complete. Every rank issues its buckets in that one global order, the simulator's too: ranks
 that share two reduce groups then never wait on each other's collectives in opposite orders (on
 NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
+The price: a bucket that completes early on this rank waits for the earlier buckets in that order
+(a V-shaped schedule's first stage holds the first and the last layers, so the latest-layer bucket
+issues first wherever it completes last, and everything behind it waits).
 
 With optimizer sharding (`Plan.sharding = "optimizer"`, `runtime.shard`) each bucket is
 reduce-scattered instead: every owner keeps the summed gradient of its shard only, for the
@@ -33,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from hetpp.runtime.groups import Groups, RankMap
-from hetpp.runtime.model import StageModule
+from hetpp.runtime.model import RankModel
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
 from hetpp.runtime.shard import BucketShard, ShardedStep
 
@@ -49,7 +58,7 @@ class Bucket:
     params: list[torch.nn.Parameter]
     """This rank's parameters of those layers, in layer order (the same order on every owner)."""
     waiting: int = 0
-    """Parameters whose final gradient has not arrived yet in this step's last backward."""
+    """Parameters whose final gradient has not arrived yet in this step."""
     shard: BucketShard | None = None
     """Sharded: the bucket's flat layout over its owners and this rank's pieces."""
     flat: torch.Tensor | None = None
@@ -64,25 +73,39 @@ class Bucket:
 class GradSync:
     """This rank's share of the gradient reductions of a plan."""
 
-    def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
+    def __init__(self, ranks: RankMap, rank: int, model: RankModel, groups: Groups,
                  device: torch.device, reduce_dtype: torch.dtype,
                  sharded: bool = False):  # fmt: skip
         self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
-        tied = stage.tied_weight()
+        tied = model.tied_weight()
         self.buckets: list[Bucket] = []
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
         # so only pipeline 0's owner adds it in (the tied weight with layer 0).
         self.norm_params: list[torch.nn.Parameter] = []
+        self.stage_params: list[list[tuple[torch.nn.Parameter, Bucket]]] = [
+            [] for _ in model.stages
+        ]
+        """Per local stage: its parameters that are in a bucket, with their bucket."""
         for layers, owners in ranks.buckets:
             if rank not in owners:
                 continue
-            params = [p for a, b in layers for i in range(a, b) for _, p in stage.own_parameters(i)]
+            params = [
+                (i, p) for a, b in layers for i in range(a, b) for _, p in model.own_parameters(i)
+            ]
             if owners[0] == rank:
-                self.norm_params += params
-            params = [p for p in params if p is not tied]
+                self.norm_params += [p for _, p in params]
+            params = [(i, p) for i, p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
-                shard = BucketShard(params, owners, rank) if sharded else None
-                self.buckets.append(Bucket(owners, layers, params, shard=shard))
+                own = [p for _, p in params]
+                shard = BucketShard(own, owners, rank) if sharded else None
+                bucket = Bucket(owners, layers, own, shard=shard)
+                self.buckets.append(bucket)
+                for i, p in params:
+                    stage = model.holder(i)
+                    self.stage_params[stage].append((p, bucket))
+                    p.register_post_accumulate_grad_hook(
+                        lambda p, s=stage, b=bucket: self._arrived(p, s, b)
+                    )
         self.sharded: ShardedStep | None = None
         """Sharded plans: this rank's shards, which the optimizer steps."""
         if sharded:
@@ -92,22 +115,40 @@ class GradSync:
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
-        self.armed, self.issued = False, 0
-        """Whether this step's last backward runs; how many buckets it has started."""
-        for bucket in self.buckets:
-            for p in bucket.params:
-                p.register_post_accumulate_grad_hook(lambda _, b=bucket: self._arrived(b))
+        self._reset()
 
-    def arm(self) -> None:
-        """Called just before this step's last backward: from now on, gradients are final."""
-        self.armed, self.issued = True, 0
+    def _reset(self) -> None:
+        self.armed: set[int] = set()
+        """Local stages whose last backward of this step has started."""
+        self.final: set[int] = set()
+        """Ids of the parameters whose gradient is final this step."""
+        self.issued = 0
+        """Buckets started this step (in `grad_buckets` order)."""
         for b in self.buckets:
             b.waiting, b.flat, b.work = len(b.params), None, None
 
-    def _arrived(self, bucket: Bucket) -> None:
-        if self.armed:
-            bucket.waiting -= 1
+    def arm(self, stage: int) -> None:
+        """Local stage `stage` starts its last backward of the step: from now on, its parameters'
+        accumulated gradients are final."""
+        self.armed.add(stage)
+
+    def finish(self, stage: int) -> None:
+        """Local stage `stage`'s last backward (or weight-grad action) has returned: all of its
+        parameters are final, those no hook announced included (a weight-grad action assigns
+        `.grad` without one; a parameter can take no part in the forward)."""
+        for p, bucket in self.stage_params[stage]:
+            self._final(p, bucket)
+        self._issue_ready()
+
+    def _arrived(self, p: torch.nn.Parameter, stage: int, bucket: Bucket) -> None:
+        if stage in self.armed:
+            self._final(p, bucket)
             self._issue_ready()
+
+    def _final(self, p: torch.nn.Parameter, bucket: Bucket) -> None:
+        if id(p) not in self.final:
+            self.final.add(id(p))
+            bucket.waiting -= 1
 
     def _issue_ready(self) -> None:
         """Start the complete buckets, strictly in `grad_buckets` order: a bucket that merges
@@ -131,7 +172,6 @@ class GradSync:
         """Finish the step's reductions: start what backward has not (the tied weight; a bucket
         with a parameter that got no gradient), then wait for all and copy the sums back. `note`
         is told which reduction is being waited for (failure messages name it)."""
-        self.armed = False
         for b in self.buckets[self.issued :]:
             self._start(b)
         tied_work = tied_flat = None
@@ -149,13 +189,13 @@ class GradSync:
             grads = grads_of(b.params)
             for g, part in zip(grads, b.flat.split([g.numel() for g in grads])):
                 g.copy_(part.view_as(g))
-            b.flat = b.work = None
         if tied_work is not None:
             note(f"tied-weight sync with ranks {list(self.tied_holders)}")
             tied_work.wait()
             self.tied.grad.copy_(tied_flat)
+        self._reset()
 
-    def clip(self, max_norm: float, stage: StageModule) -> float:
+    def clip(self, max_norm: float, stage: RankModel) -> float:
         """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before.
         Sharded: every owner adds its shards' squares (each element is on one owner), and the
         unsharded parameters count on pipeline 0's owner as before: the same norm, exactly."""

@@ -1,4 +1,4 @@
-"""Who runs what: rank <-> plan device, each rank's (pipeline, stage), and the process groups.
+"""Who runs what: rank <-> plan device, each rank's pipeline and stages, and the process groups.
 
 Ranks are the plan's device ids in increasing order, so a plan over devices 0..N-1 runs rank r on
 device r. `RankMap` works this out once from the plan; everything else asks it. `dist.new_group`
@@ -27,12 +27,23 @@ class Role:
     """The plan's (cluster) device id this rank plays."""
     pipeline: int
     """Index of the pipeline the rank belongs to."""
-    stage: int
-    """Stage index inside that pipeline."""
+    stages: tuple[int, ...]
+    """Indices of the stages the rank runs, in pipeline order (one, or several model chunks
+    under an interleaved or V-shaped schedule)."""
     num_stages: int
-    """Stages in that pipeline."""
-    layers: tuple[int, int]
-    """Layer range [start, end) of the stage."""
+    """Stages in that pipeline (every chunk counted)."""
+    layers: tuple[tuple[int, int], ...]
+    """Layer range [start, end) of each of `stages`."""
+
+    @property
+    def first(self) -> bool:
+        """Whether the rank runs the pipeline's first stage (it feeds the inputs)."""
+        return self.stages[0] == 0
+
+    @property
+    def last(self) -> bool:
+        """Whether the rank runs the pipeline's last stage (it computes the loss)."""
+        return self.stages[-1] == self.num_stages - 1
 
 
 BucketRanks = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
@@ -48,7 +59,8 @@ class RankMap:
     roles: tuple[Role, ...]
     """Role of each rank."""
     pipelines: tuple[tuple[int, ...], ...]
-    """Each pipeline's ranks in stage order."""
+    """Each pipeline's ranks in the order of their first stage (group rank i runs stages the
+    schedule's placement gives device i)."""
     buckets: tuple[BucketRanks, ...]
     """Every gradient bucket in the order all ranks issue their all-reduces (`grad_buckets`:
     latest layers first, as the simulator has it)."""
@@ -58,25 +70,30 @@ class RankMap:
 
     @classmethod
     def of(cls, plan: Plan) -> RankMap:
-        devices = tuple(sorted(s.device for p in plan.pipelines for s in p.stages))
+        devices = tuple(sorted(d for p in plan.pipelines for d in p.devices))
         rank = {d: r for r, d in enumerate(devices)}
+        owned: dict[int, list[int]] = {}
+        for pipe in plan.pipelines:
+            for s, st in enumerate(pipe.stages):
+                owned.setdefault(rank[st.device], []).append(s)
         roles: list[Role | None] = [None] * len(devices)
         for p, pipe in enumerate(plan.pipelines):
-            for s, st in enumerate(pipe.stages):
-                r = rank[st.device]
+            for d in pipe.devices:
+                r = rank[d]
                 roles[r] = Role(
                     rank=r,
-                    device=st.device,
+                    device=d,
                     pipeline=p,
-                    stage=s,
+                    stages=tuple(owned[r]),
                     num_stages=len(pipe.stages),
-                    layers=st.layers,
+                    layers=tuple(pipe.stages[s].layers for s in owned[r]),
                 )
         pipelines = tuple(tuple(rank[d] for d in pipe.devices) for pipe in plan.pipelines)
         buckets = tuple((b.blocks, tuple(rank[d] for d in b.owners)) for b in grad_buckets(plan))
         tied = ()
         if plan.model.tie_embeddings:
-            tied = tuple(sorted({r for ranks in pipelines for r in (ranks[0], ranks[-1])}))
+            ends = [(pipe.stages[0].device, pipe.stages[-1].device) for pipe in plan.pipelines]
+            tied = tuple(sorted({rank[d] for pair in ends for d in pair}))
         return cls(
             devices=devices, roles=tuple(roles), pipelines=pipelines, buckets=buckets, tied=tied
         )
@@ -99,7 +116,7 @@ def plan_rank(plan: Plan, rank: int, world_size: int) -> int | None:
     device by id, as `hetpp train` starts them), or = the cluster's devices (rank r is cluster
     device r, as `torchrun --nproc-per-node` per node in cluster-file order starts them; a
     device the plan leaves unused gets None)."""
-    devices = sorted(s.device for p in plan.pipelines for s in p.stages)
+    devices = sorted(d for p in plan.pipelines for d in p.devices)
     if world_size == len(devices):
         return rank
     if plan.cluster is not None and world_size == plan.cluster.num_devices:
@@ -122,7 +139,8 @@ class Groups:
         timeout = timedelta(seconds=timeout_s)
         mine = ranks.role(rank).pipeline
         for p, members in enumerate(ranks.pipelines):
-            # Stage i must be group rank i: PipelineStage maps stage index to group rank.
+            # Device i of the pipeline must be group rank i: PipelineStage maps a stage index to
+            # a group rank by the schedule's placement (stage i: i, i mod D, or the V).
             g = dist.new_group(list(members), timeout=timeout, sort_ranks=False)
             if p == mine:
                 self.pipeline = g

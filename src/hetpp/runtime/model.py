@@ -320,3 +320,40 @@ def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of token cross-entropies (half-precision logits are upcast to fp32 first)."""
     x = logits.float() if logits.element_size() < 4 else logits
     return F.cross_entropy(x.flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+class RankModel(nn.Module):
+    """The stages one rank runs: one `StageModule` per layer range, in pipeline order (several
+    under an interleaved or V-shaped schedule). Asked by layer index as a stage is, whichever
+    stage holds the layer. A tied head on the embedding's rank shares its Parameter (as inside
+    one stage), so the rank holds the tied weight once."""
+
+    def __init__(self, stages: list[StageModule]):
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.config = stages[0].config
+        self._holder = {i: k for k, st in enumerate(stages) for i in range(st.start, st.end)}
+        tied = [t for t in (st.tied_weight() for st in stages) if t is not None]
+        head = self.config.num_layers + 1
+        if len(tied) == 2 and tied[0] is not tied[1]:  # embedding and head in different stages
+            self.layer(head).lm_head.weight = tied[0]
+
+    def holder(self, index: int) -> int:
+        """Position in `stages` of the stage holding layer `index`."""
+        return self._holder[index]
+
+    @property
+    def layer_indices(self) -> list[int]:
+        """Every layer this rank holds, in pipeline order."""
+        return list(self._holder)
+
+    def layer(self, index: int) -> nn.Module:
+        return self.stages[self.holder(index)].layer(index)
+
+    def own_parameters(self, index: int) -> Iterator[tuple[str, nn.Parameter]]:
+        """Layer `index`'s parameters as the spec counts them (`StageModule.own_parameters`)."""
+        return self.stages[self.holder(index)].own_parameters(index)
+
+    def tied_weight(self) -> nn.Parameter | None:
+        """The rank's tied embedding/head weight, if it holds either end."""
+        return next((t for t in (st.tied_weight() for st in self.stages) if t is not None), None)

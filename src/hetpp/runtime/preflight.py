@@ -41,6 +41,15 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
         raise e.in_file(opts.plan) from None
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
+    chunked = [p for p, pipe in enumerate(plan.pipelines) if pipe.chunks > 1]
+    if opts.memory_report and chunked:
+        # report.memory sets one stage's prediction beside each rank's measurement.
+        raise SpecError(
+            f"compares one stage per device with the cost model; pipelines {chunked} run "
+            "several stages on a device",
+            file=opts.plan,
+            field="--memory-report",
+        )
     if opts.metrics is not None:
         check_output_file(opts.metrics, "--metrics")
     if opts.data is not None:

@@ -22,7 +22,7 @@ import torch
 from hetpp.runtime import checkpoint
 from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
 from hetpp.runtime.hf_weights import load_stage
-from hetpp.runtime.model import StageModule
+from hetpp.runtime.model import RankModel, StageModule
 from hetpp.runtime.optim import (
     clip_coefficient,
     grads_of,
@@ -146,13 +146,13 @@ def _accumulate(
     return loss / scale
 
 
-def stage_parameters(stage: StageModule) -> dict[tuple[int, str], torch.Tensor]:
-    """Every parameter of a stage keyed by (layer index, name), tied copies included, on the CPU:
-    what --verify gathers from each rank."""
+def stage_parameters(model: RankModel) -> dict[tuple[int, str], torch.Tensor]:
+    """Every parameter of a rank's stages keyed by (layer index, name), tied copies included, on
+    the CPU: what --verify gathers from each rank."""
     return {
         (i, n): p.detach().cpu()
-        for i in range(stage.start, stage.end)
-        for n, p in stage.layer(i).named_parameters(remove_duplicate=False)
+        for i in model.layer_indices
+        for n, p in model.layer(i).named_parameters(remove_duplicate=False)
     }
 
 

@@ -1,8 +1,11 @@
 """The pipeline stage hetpp runs: it times compute, stretches it in emulation, and tells the
-gradient sync when the step's last backward begins.
+gradient sync when the stage's last backward of the step begins and ends.
 
-How: `PipelineStage.forward_one_chunk` / `backward_one_chunk` are the two calls in which a schedule
-runs this stage's compute for one micro-batch (receives and sends happen around them). The subclass
+How: `PipelineStage.forward_one_chunk` / `backward_one_chunk` (and, under a zero-bubble schedule,
+`backward_weight_one_chunk`, the weight-grad half of a split backward) are the calls in which a
+schedule runs this stage's compute for one micro-batch (receives and sends happen around them).
+The schedule passes `last_backward=True` to the stage's last full backward or last weight-grad
+action: after it the stage's gradients are final. The subclass
 times each call and, when emulating, then sleeps until `compute * factor` has passed since the call
 began, so the micro-batch takes `factor x` its compute time, as it would on a device `factor x`
 slower. `compute` is the calling thread's CPU time (one intra-op thread per rank, as the launcher
@@ -33,13 +36,17 @@ class TimedStage(PipelineStage):
         *args: Any,
         slowdown: float = 1.0,
         before_last_backward: Callable[[], None] | None = None,
+        after_last_backward: Callable[[], None] | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.slowdown = slowdown
         """Emulated slowdown factor (1: run at the speed of this machine)."""
         self.before_last_backward = before_last_backward
-        """Called when the schedule starts the step's last backward (gradients become final)."""
+        """Called when the schedule starts the stage's last backward or weight-grad action of the
+        step (gradients accumulated from now on are final)."""
+        self.after_last_backward = after_last_backward
+        """Called when that action has returned (every gradient of the stage is final)."""
         self.compute_s = 0.0
         """Seconds of (stretched) forward and backward compute since the last reset (CPU)."""
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -87,6 +94,30 @@ class TimedStage(PipelineStage):
         return self._timed(super().forward_one_chunk, *args, **kwargs)
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("last_backward") and self.before_last_backward is not None:
+        return self._last_backward(super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._last_backward(super().backward_weight_one_chunk, *args, **kwargs)
+
+    # torch 2.13's multi-stage runtime hands an input gradient from a stage to the previous one on
+    # the same rank (a V's bottom) even in `schedule.eval`, where both stages have backward off
+    # and refuse it: with backward off there is no gradient to hand over.
+    def get_local_bwd_output(self, mb_index: int) -> Any:
+        return super().get_local_bwd_output(mb_index) if self.has_backward else ()
+
+    def set_local_bwd_input(self, outputs: Any, mb_index: int) -> None:
+        if self.has_backward:
+            super().set_local_bwd_input(outputs, mb_index)
+
+    def _last_backward(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a backward action timed, between the last-backward callbacks when it is the
+        stage's last (torch's schedules say so with `last_backward`; an input-grad action never
+        is, its weight-grad action comes after it). `schedule.eval` runs the same schedule with
+        backward off (the call returns at once): no gradient becomes final there."""
+        last = bool(kwargs.get("last_backward")) and self.has_backward
+        if last and self.before_last_backward is not None:
             self.before_last_backward()
-        return self._timed(super().backward_one_chunk, *args, **kwargs)
+        out = self._timed(fn, *args, **kwargs)
+        if last and self.after_last_backward is not None:
+            self.after_last_backward()
+        return out

@@ -1,4 +1,4 @@
-"""One rank's training: find its (pipeline, stage), build the stage, run the schedule, sync, step.
+"""One rank's training: find its (pipeline, stages), build them, run the schedule, sync, step.
 
 Started once per plan device, by `torchrun -m hetpp.train` or by `hetpp train`'s local launcher
 (both give rank and rendezvous through the environment), or forked by tests with a tcp:// address.
@@ -39,7 +39,7 @@ from hetpp.runtime.metrics import (
     print_summary,
     unpack_step,
 )
-from hetpp.runtime.model import StageModule
+from hetpp.runtime.model import RankModel, StageModule
 from hetpp.runtime.optim import make_optimizer, make_scheduler, scale_grads
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
@@ -86,21 +86,28 @@ def _slowdown(plan: Plan, role: Role, opts: TrainOptions) -> float:
 
 
 def _resume(
-    opts: TrainOptions, stage: StageModule, opt: torch.optim.Optimizer, shards: ShardedStep | None
+    opts: TrainOptions, model: RankModel, opt: torch.optim.Optimizer, shards: ShardedStep | None
 ) -> tuple[int, int, Path | None]:
     """(step, samples consumed, checkpoint path) to start from. Checkpoints hold whole
     parameters' optimizer state; a sharded rank keeps its shards' slices."""
     path = checkpoint.latest(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
     if path is None:
         return 0, 0, None
-    check_resumable(path, stage.config.model_dump(mode="json"), opts.optimizer, opts.seed)
-    if shards is None:
-        meta = checkpoint.load(path, stage, opt)
-    else:
-        whole = WholeState()
-        meta = checkpoint.load(path, stage, whole)
+    check_resumable(path, model.config.model_dump(mode="json"), opts.optimizer, opts.seed)
+    whole = WholeState()  # sharded: every stage's whole state first, then this rank's shards
+    for stage in model.stages:
+        meta = checkpoint.load(path, stage, opt if shards is None else whole)
+    if shards is not None:
         shards.load_state(opt, whole)
     return meta.step, meta.samples, path
+
+
+def _schedule_class(torch_class: str, stages: list[TimedStage]) -> tuple[type, object]:
+    """The torch schedule class and what it is built with: one stage (single-stage schedules),
+    or the list of this rank's stages (multi-stage ones: interleaved, zero-bubble, V)."""
+    cls = getattr(pipelining, torch_class)
+    single = issubclass(cls, pipelining.schedules.PipelineScheduleSingle)
+    return cls, stages[0] if single else stages
 
 
 def run(plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity) -> RunResult:
@@ -139,7 +146,7 @@ def _trainer(plan: Plan) -> type:
 
 
 class RankTrainer:
-    """This rank's stage, schedule, optimizer and reductions, and the step loop."""
+    """This rank's stages, schedule, optimizer and reductions, and the step loop."""
 
     def __init__(
         self, plan: Plan, opts: TrainOptions, env: DistEnv, activity: Activity, device: torch.device
@@ -153,18 +160,11 @@ class RankTrainer:
         groups = Groups(ranks, self.rank, opts.timeout_s)
         self.precision = Precision.of(plan, opts.fp64)
         self.scaler = LossScaler(self.precision.loss_scaling)
-        self.stage = StageModule(plan.model, *role.layers, opts.seed, self.precision.param_dtype)
-        if opts.init_from:
-            load_stage(self.stage, opts.init_from)
-        self.stage.to(device)
-        self.precision.prepare(self.stage, device)
-        self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
-        if self.pipe.stages[role.stage].recomputes(plan.train):
-            recompute_blocks(self.stage, self.probe.meter if self.probe else None)
+        self.model = self.build_model(role)
         self.sync = GradSync(
             ranks,
             self.rank,
-            self.stage,
+            self.model,
             groups,
             device,
             self.precision.reduce_dtype,
@@ -172,28 +172,32 @@ class RankTrainer:
         )
         self.shards = self.sync.sharded
         if self.shards is not None:  # the optimizer steps this rank's shards (`runtime.shard`)
-            params, decays = self.shards.optimizer_params(self.stage.parameters())
+            params, decays = self.shards.optimizer_params(self.model.parameters())
             self.opt = make_optimizer(params, opts, decays.__getitem__)
         else:
-            self.opt = make_optimizer(self.stage.parameters(), opts)
+            self.opt = make_optimizer(self.model.parameters(), opts)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(
-            opts, self.stage, self.opt, self.shards
+            opts, self.model, self.opt, self.shards
         )
         self.sched = make_scheduler(self.opt, opts, self.start)
-        self.pstage = TimedStage(
-            self.stage,
-            role.stage,
-            role.num_stages,
-            device,
-            group=groups.pipeline,
-            slowdown=_slowdown(plan, role, opts),
-            before_last_backward=self.sync.arm,
-        )
+        self.pstages = [
+            TimedStage(
+                module,
+                index,
+                role.num_stages,
+                device,
+                group=groups.pipeline,
+                slowdown=_slowdown(plan, role, opts),
+                before_last_backward=lambda k=k: self.sync.arm(k),
+                after_last_backward=lambda k=k: self.sync.finish(k),
+            )
+            for k, (module, index) in enumerate(zip(self.model.stages, role.stages))
+        ]
         tokens = plan.global_batch * plan.seq_len
-        torch_class = self.pipe.schedule_in(plan.train).torch_class
-        self.schedule = getattr(pipelining, torch_class)(
-            self.pstage,
+        cls, stages = _schedule_class(self.pipe.schedule_in(plan.train).torch_class, self.pstages)
+        self.schedule = cls(
+            stages,
             self.pipe.num_micro_batches,
             loss_fn=lambda out, tgt: scaled_loss(out, tgt, tokens, self.scaler.scale),
             scale_grads=False,  # the loss is already divided by the global token count
@@ -201,11 +205,35 @@ class RankTrainer:
         self.source = make_source(opts.data, plan, opts.seed)
         self.offset = pipeline_slices(plan)[role.pipeline][0]
         self.val = validation_rows(opts.data, plan, opts.seed, opts.eval_every, opts.eval_batches)
-        self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
+        self.first, self.last = role.first, role.last
+        stages = ", ".join(map(str, role.stages))
         self.where = (
             f"pipeline schedule (pipeline {role.pipeline}, "
-            f"ranks {list(ranks.pipelines[role.pipeline])}, stage {role.stage})"
+            f"ranks {list(ranks.pipelines[role.pipeline])}, "
+            f"stage{'s' if len(role.stages) > 1 else ''} {stages})"
         )
+
+    def build_model(self, role: Role) -> RankModel:
+        """This rank's stages, one StageModule per owned layer range, initialised (or loaded from
+        --init-from), moved to the device, in the plan's precision, recomputing where the plan's
+        stage flag says."""
+        plan, opts = self.plan, self.opts
+        stages = [
+            StageModule(plan.model, *layers, opts.seed, self.precision.param_dtype)
+            for layers in role.layers
+        ]
+        model = RankModel(stages)  # ties a head to the embedding on this rank
+        if opts.init_from:
+            for stage in stages:
+                load_stage(stage, opts.init_from)
+        model.to(self.device)
+        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans)
+        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
+        for stage, index in zip(stages, role.stages):
+            self.precision.prepare(stage, self.device)
+            if self.pipe.stages[index].recomputes(plan.train):
+                recompute_blocks(stage, self.probe.meter if self.probe else None)
+        return model
 
     def train(self) -> RunResult:
         opts, plan = self.opts, self.plan
@@ -260,7 +288,7 @@ class RankTrainer:
         t0 = time.perf_counter()
         self.opt.zero_grad()
         if self.shards is not None:  # the stage's own gradients: the optimizer has pieces
-            self.stage.zero_grad()
+            self.model.zero_grad()
         args, target, losses = (), None, None
         if self.first or self.last:
             inputs, targets = batch(self.source, self.samples + self.offset, self.pipe.batch)
@@ -268,21 +296,21 @@ class RankTrainer:
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
         if self.probe is not None and step == self.start + 2:
-            self.probe.reset(self.pstage)  # steady state: step 1 also runs the shape inference
+            self.probe.reset(self.pstages[0])  # steady state: step 1 also runs the shape inference
         self.note(f"step {step}: {self.where}")
         with self.precision.step_region(self.device), self.probe_region():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-        compute = self.pstage.take_compute_s()
+        compute = sum(st.take_compute_s() for st in self.pstages)
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
         scale, skip = self.scaler.scale, self.overflowed(step)
         norm = None
         if not skip:
             if scale != 1.0:
-                scale_grads(self.stage.parameters(), 1.0 / scale)
+                scale_grads(self.model.parameters(), 1.0 / scale)
             # The norm is always measured (a metric); without --clip-grad the factor is exactly 1.
             self.note(f"step {step}: gradient-norm all-reduce over all ranks")
-            norm = self.sync.clip(self.opts.clip_grad or math.inf, self.stage)
+            norm = self.sync.clip(self.opts.clip_grad or math.inf, self.model)
         t_comm = time.perf_counter()
         self.lr = self.sched.get_last_lr()[0]  # this update's rate, for the metrics
         if not skip:
@@ -304,7 +332,7 @@ class RankTrainer:
     def report_memory(self, log: MetricsLog | None) -> None:
         """Every rank's measured memory, gathered to rank 0 and written to --metrics (the CLI
         sets the cost model's prediction beside it)."""
-        mine = self.probe.record(self.rank, self.role.device, self.pstage, self.opt)
+        mine = self.probe.record(self.rank, self.role.device, self.pstages[0], self.opt)
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         for record in gathered or ():
@@ -316,7 +344,7 @@ class RankTrainer:
         if not self.scaler.enabled:
             return False
         self.note(f"step {step}: inf/NaN check all-reduce over all ranks")
-        flag = has_nonfinite(self.stage.parameters(), self.device)
+        flag = has_nonfinite(self.model.parameters(), self.device)
         dist.all_reduce(flag)
         return bool(flag.item() > 0)
 
@@ -354,17 +382,17 @@ class RankTrainer:
         meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
         # Sharded: the owners first gather the whole optimizer state (collective).
-        writes = list(range(*self.role.layers)) if self.role.pipeline == 0 else []
+        writes = self.model.layer_indices if self.role.pipeline == 0 else []
         state = self.opt if self.shards is None else self.shards.full_state(self.opt)
         checkpoint.save(
-            self.opts.checkpoint_dir, meta, self.stage, state, writes, self.rank, dist.barrier
+            self.opts.checkpoint_dir, meta, self.model, state, writes, self.rank, dist.barrier
         )
 
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:
         """Rank 0 trains the same steps in one process and compares every copy of every
         parameter on every rank with it."""
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(stage_parameters(self.stage), gathered, dst=0)
+        dist.gather_object(stage_parameters(self.model), gathered, dst=0)
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)

@@ -217,10 +217,11 @@ class ScheduleSpec:
     """torch's interleaved rule: with `rounds = max(1, m // D)` micro-batch rounds, m must be a
     multiple of `rounds`."""
     splits_backward: bool = False
-    """Backwards run (some or all) as an input-grad part I and a weight-grad part W."""
+    """Backwards run (some or all) as an input-grad part I and a weight-grad part W: a
+    parameter's gradient is final only after the stage's last weight-grad action."""
     executable: bool = False
-    """The runtime executes this schedule (`hetpp.runtime.contract` refuses a plan naming one
-    that it does not; the planner gives pipelines only these unless told otherwise)."""
+    """The runtime executes this schedule exactly (`hetpp.runtime.contract` refuses a plan
+    naming one that it does not; the planner gives pipelines only these unless told otherwise)."""
 
     def allows_chunks(self, chunks: int) -> bool:
         """Whether a pipeline may run `chunks` stages per device under this schedule."""
@@ -319,6 +320,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=interleaved_1f1b_order,
             placement="loop",
             rounds_divide_micro_batches=True,
+            executable=True,
         ),
         ScheduleSpec(
             name="interleaved-zb",
@@ -330,6 +332,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             placement="loop",
             rounds_divide_micro_batches=True,
             splits_backward=True,
+            executable=True,
         ),
         ScheduleSpec(
             name="zbv",
@@ -340,6 +343,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=zbv_order,
             placement="v",
             splits_backward=True,
+            executable=True,
         ),
         ScheduleSpec(
             name="dualpipev",
