@@ -232,6 +232,25 @@ def test_default_search_is_within_a_percent_of_exact_on_three_mixed_shapes():
     assert got.iteration_time_s <= 2.5136235290663285 * 1.01
 
 
+def test_local_moves_split_half_the_copies_of_a_template_at_once():
+    groups = (("A100-80GB", 4, 1), ("V100-16GB", 4, 1), ("T4", 4, 1))
+    ctx = ShapeContext(problem(cluster(*groups), "gpt3-2.7b", 64, seq=2048), False, 1)
+    start = [(ctx.best((1, 1, 1)), 4)]  # keys: a100, v100, t4
+    comps = {
+        tuple(sorted((composition(ctx, t), k) for t, k in lay)) for lay in _neighbours(ctx, start)
+    }
+    assert (((1, 0, 1), 2), ((1, 2, 1), 2)) in comps
+
+
+def test_default_search_is_within_a_percent_of_exact_on_two_by_two_shapes():
+    # The exact search (bench/search_quality.py) finds 2.43834 s: two T4 + A100 and two
+    # T4 + 2 V100 + A100. From four T4 + A100 + V100 (2.498 s) one pair at a time the estimate
+    # rises first; two pairs at once reach it.
+    groups = (("A100-80GB", 4, 1), ("V100-16GB", 4, 1), ("T4", 4, 1))
+    got = plan(problem(cluster(*groups), "gpt3-2.7b", 64, seq=2048), "hpp")
+    assert got.iteration_time_s <= 2.4383407756355884 * 1.01
+
+
 @pytest.mark.parametrize("counts", [(3,), (2, 3), (3, 0, 2), (2, 2, 3)])
 def test_count_multisets_matches_enumeration_for_every_subset(counts):
     every = [c for c in itertools.product(*[range(n + 1) for n in counts]) if sum(c)]

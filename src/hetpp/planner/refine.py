@@ -17,6 +17,9 @@ stopped 1.7% short of it. With trades only where the one-device moves stop, the 
 (6 T4 + V100 cuts at 2, not 1), the one-device moves then led to a local optimum 1.7% short,
 and only a trade (6 T4 with 2 V100 + 2 A100, a T4 for an A100, the second in its second-best
 order) leads on from the step where the climbs part. Trades every round end 0.3% short again.
+Half of k copies of one template can also become one device smaller and half one larger at
+once: 4 T4 + A100 + V100 pipelines (4 A100 + 4 V100 + 4 T4) reach the exact plan, two
+T4 + A100 and two T4 + 2 V100 + A100, only so; one pair at a time the estimate rises first.
 """
 
 from __future__ import annotations
@@ -75,10 +78,11 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
 def _neighbours(ctx: ShapeContext, layout: Layout, wide: bool = False) -> Iterator[Layout]:
     """Every layout one device away: a copy of a template gains or loses a device of one type
     (from or to the idle ones), two copies of one template become one with a device less and
-    one with a device more, or a device moves from a copy of one template to one of another;
-    new compositions in their best stage order, or (`wide`) in each of their best `ORDERS`.
-    Then (not `wide`: they are the same in both) two devices of different types trading places
-    between two copies, in each of the best `ORDERS`."""
+    one with a device more (or half the copies the one and half the other), or a device moves
+    from a copy of one template to one of another; new compositions in their best stage order,
+    or (`wide`) in each of their best `ORDERS`. Then (not `wide`: they are the same in both)
+    two devices of different types trading places between two copies, in each of the best
+    `ORDERS`."""
     n_orders = ORDERS if wide else 1
     comps = [composition(ctx, t) for t, _ in layout]
     idle = [n - sum(c[j] * k for c, (_, k) in zip(comps, layout)) for j, n in enumerate(ctx.counts)]
@@ -93,6 +97,9 @@ def _neighbours(ctx: ShapeContext, layout: Layout, wide: bool = False) -> Iterat
                 yield from _replace(ctx, layout, {i: 1}, [shrink], n_orders)
             if shrink and layout[i][1] >= 2:
                 yield from _replace(ctx, layout, {i: 2}, [shrink, grow], n_orders)
+            half = layout[i][1] // 2  # the same move on several pairs at once
+            if shrink and half >= 2:
+                yield from _replace(ctx, layout, {i: 2 * half}, [shrink, grow], n_orders, half)
             for o, d in enumerate(comps):
                 if o != i and shrink:
                     add = [shrink, _shifted(d, j, +1)]
@@ -131,10 +138,11 @@ def _replace(
     take: dict[int, int],
     add: list[tuple[int, ...] | None],
     n_orders: int = 1,
+    copies: int = 1,
 ) -> Iterator[Layout]:
-    """`layout` less `take[i]` copies of entry i, plus one pipeline of each composition in
-    `add`, in each of its best `n_orders` stage orders (nothing if one has no feasible split or
-    exceeds the layers)."""
+    """`layout` less `take[i]` copies of entry i, plus `copies` pipelines of each composition
+    in `add`, in each of its best `n_orders` stage orders (nothing if one has no feasible split
+    or exceeds the layers)."""
     if any(layout[i][1] < n for i, n in take.items()):
         return
     choices: list[list[TemplateCost]] = []
@@ -152,5 +160,5 @@ def _replace(
     for new in itertools.product(*choices):
         out = dict(kept)
         for t in new:
-            out[t] = out.get(t, 0) + 1
+            out[t] = out.get(t, 0) + copies
         yield list(out.items())
