@@ -7,11 +7,19 @@ more micro-batches). Hill climbing over single-device moves reaches them cheaply
 changes one or two pipelines by one device, re-split with the composition's best stage order
 (`ShapeContext.orders`, cached: the best `ORDERS` of them), and the layout is ranked by the same
 estimate as the search (balanced closed form plus the sync and optimizer tail). Two devices of
-different types can also trade places between pipelines; these wide moves are tried only where
-the others stop. Both were added for 3 A100 + 5 V100 + 7 T4 (gpt3-2.7b), whose exact plan,
-4 T4 + A100, 2 T4 + A100 + V100 and T4 + 4 V100 + A100 (T4s in front, a cut at layer 8 shared
-by all three, so the gradient buckets stay apart), takes second-best orders: one-device moves
-in best orders stopped 1.7% short of it, the wide moves end 0.3% short.
+different types can also trade places between pipelines (in each composition's best `ORDERS`),
+and where neither move improves, the one-device moves try the second-best orders too. Both
+were added for 3 A100 + 5 V100 + 7 T4 (gpt3-2.7b), whose exact plan, 4 T4 + A100,
+2 T4 + A100 + V100 and T4 + 4 V100 + A100 (T4s in front, a cut at layer 8 shared by all three,
+so the gradient buckets stay apart), takes second-best orders: one-device moves in best orders
+stopped 1.7% short of it. With trades only where the one-device moves stop, the climb ended
+0.3% short until the receive buffers were charged (issue 15): they re-split the T4-heavy shapes
+(6 T4 + V100 cuts at 2, not 1), the one-device moves then led to a local optimum 1.7% short,
+and only a trade (6 T4 with 2 V100 + 2 A100, a T4 for an A100, the second in its second-best
+order) leads on from the step where the climbs part. Trades every round end 0.3% short again.
+Half of k copies of one template can also become one device smaller and half one larger at
+once: 4 T4 + A100 + V100 pipelines (4 A100 + 4 V100 + 4 T4) reach the exact plan, two
+T4 + A100 and two T4 + 2 V100 + A100, only so; one pair at a time the estimate rises first.
 """
 
 from __future__ import annotations
@@ -45,8 +53,8 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
     seen: dict[tuple, float] = {}  # neighbours recur from round to round
     total = ctx.problem.micro_batches(ctx.mbs)
     for _ in range(ROUNDS):
-        # The wide moves (second-best orders, trades) only where the one-device moves in best
-        # orders stop: they multiply the neighbours.
+        # Second-best orders for the one-device moves only where those in best orders and the
+        # trades stop: they multiply the neighbours.
         for wide in (False, True):
             scored = []
             for n in _neighbours(ctx, layout, wide):
@@ -70,9 +78,11 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
 def _neighbours(ctx: ShapeContext, layout: Layout, wide: bool = False) -> Iterator[Layout]:
     """Every layout one device away: a copy of a template gains or loses a device of one type
     (from or to the idle ones), two copies of one template become one with a device less and
-    one with a device more, or a device moves from a copy of one template to one of another;
-    new compositions in their best stage order, or (`wide`) in each of their best `ORDERS`,
-    and then also two devices of different types trading places between two copies."""
+    one with a device more (or half the copies the one and half the other), or a device moves
+    from a copy of one template to one of another; new compositions in their best stage order,
+    or (`wide`) in each of their best `ORDERS`. Then (not `wide`: they are the same in both)
+    two devices of different types trading places between two copies, in each of the best
+    `ORDERS`."""
     n_orders = ORDERS if wide else 1
     comps = [composition(ctx, t) for t, _ in layout]
     idle = [n - sum(c[j] * k for c, (_, k) in zip(comps, layout)) for j, n in enumerate(ctx.counts)]
@@ -87,11 +97,14 @@ def _neighbours(ctx: ShapeContext, layout: Layout, wide: bool = False) -> Iterat
                 yield from _replace(ctx, layout, {i: 1}, [shrink], n_orders)
             if shrink and layout[i][1] >= 2:
                 yield from _replace(ctx, layout, {i: 2}, [shrink, grow], n_orders)
+            half = layout[i][1] // 2  # the same move on several pairs at once
+            if shrink and half >= 2:
+                yield from _replace(ctx, layout, {i: 2 * half}, [shrink, grow], n_orders, half)
             for o, d in enumerate(comps):
                 if o != i and shrink:
                     add = [shrink, _shifted(d, j, +1)]
                     yield from _replace(ctx, layout, {i: 1, o: 1}, add, n_orders)
-    if wide:
+    if not wide:
         yield from _swaps(ctx, layout, comps)
 
 
@@ -125,10 +138,11 @@ def _replace(
     take: dict[int, int],
     add: list[tuple[int, ...] | None],
     n_orders: int = 1,
+    copies: int = 1,
 ) -> Iterator[Layout]:
-    """`layout` less `take[i]` copies of entry i, plus one pipeline of each composition in
-    `add`, in each of its best `n_orders` stage orders (nothing if one has no feasible split or
-    exceeds the layers)."""
+    """`layout` less `take[i]` copies of entry i, plus `copies` pipelines of each composition
+    in `add`, in each of its best `n_orders` stage orders (nothing if one has no feasible split
+    or exceeds the layers)."""
     if any(layout[i][1] < n for i, n in take.items()):
         return
     choices: list[list[TemplateCost]] = []
@@ -146,5 +160,5 @@ def _replace(
     for new in itertools.product(*choices):
         out = dict(kept)
         for t in new:
-            out[t] = out.get(t, 0) + 1
+            out[t] = out.get(t, 0) + copies
         yield list(out.items())
