@@ -22,8 +22,16 @@ REDUCE_BYTES = (2, 4)
 def check_executable(plan: Plan, fp64: bool = False) -> None:
     """Raise SpecError naming the first plan field the runtime cannot execute as written. The
     plan's own validation already limits the schedule to the registry (each entry names the torch
-    class the runtime runs) and a stage to one device."""
+    class the runtime runs)."""
     train = plan.train
+    for p, pipe in enumerate(plan.pipelines):
+        for s, st in enumerate(pipe.stages):
+            if st.tp > 1:
+                raise SpecError(
+                    f"{list(st.devices)}: a tensor-parallel stage is planned, costed and "
+                    "simulated, but the runtime does not execute tensor parallelism yet",
+                    field=f"pipelines[{p}].stages[{s}].devices",
+                )
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "

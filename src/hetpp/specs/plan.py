@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
-from hetpp.specs.limits import MAX_DEVICES, check_size
+from hetpp.specs.limits import MAX_DEVICES, MAX_TP_DEGREE, check_size
 from hetpp.specs.model import ModelConfig
 from hetpp.specs.schedule import SCHEDULES, Schedule
 from hetpp.specs.trainspec import TrainSpec
@@ -37,8 +37,10 @@ class StagePlan(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=1)
-    """Device ids (one today; a tensor-parallel group later)."""
+    devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=MAX_TP_DEGREE)
+    """Device ids: one, or a tensor-parallel group of k (same node, same GPU type; k divides
+    the model's attention heads, KV heads and MLP width) whose ranks hold column/row shards of
+    the stage's blocks (FlashFlex's format: a stage with k devices is a TP group)."""
     layers: tuple[NonNegativeInt, NonNegativeInt]
     """Layer range [start, end) over the model's layer list."""
     recompute: bool | None = None
@@ -50,7 +52,14 @@ class StagePlan(BaseModel):
 
     @property
     def device(self) -> int:
+        """The stage's lead device: the group's first. The cost model, the simulator and the
+        gradient blocks name a stage by it (one stage, one timeline, one owner per pipeline)."""
         return self.devices[0]
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree (1: no TP)."""
+        return len(self.devices)
 
     @property
     def num_layers(self) -> int:
@@ -74,6 +83,7 @@ class PipelinePlan(BaseModel):
 
     @property
     def devices(self) -> list[int]:
+        """Each stage's lead device (`StagePlan.device`)."""
         return [s.device for s in self.stages]
 
     def stage_of_layer(self, layer: int) -> int:
@@ -153,7 +163,8 @@ class Plan(BaseModel):
 
     @property
     def num_devices(self) -> int:
-        return sum(len(p.stages) for p in self.pipelines)
+        """Every device of every stage (a TP stage counts its k devices)."""
+        return sum(len(s.devices) for p in self.pipelines for s in p.stages)
 
     def validate_plan(self, cluster: Cluster | None = None) -> Plan:
         """Check the plan's structure (raises SpecError naming the field); returns self."""
@@ -233,6 +244,8 @@ def _check_pipeline(
                     f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
                 )
             seen[d] = f"{where}.stages[{s}]"
+        if st.tp > 1:
+            _check_tp_group(plan, st, cluster, f"{where}.stages[{s}].devices")
     if expect != plan.layer_list_len:
         raise SpecError(
             f"stages end at layer {expect}, expected {plan.layer_list_len} "
@@ -247,6 +260,37 @@ def _check_pipeline(
             f"{spec.name.upper()} needs num_micro_batches >= "
             f"{'stages' if per == 1 else f'{per} x stages'} ({pipe.num_micro_batches} < {least})",
             field=f"{where}.num_micro_batches",
+        )
+
+
+def tp_divisibility_error(model: ModelConfig, degree: int) -> str | None:
+    """Why `model`'s blocks cannot be split over `degree` tensor-parallel ranks, or None.
+
+    Column/row parallel attention and MLP give each rank whole heads and an equal slice of the
+    MLP width, so the degree must divide the attention heads, the KV heads (KV heads are not
+    replicated: a degree above `num_kv_heads` is refused) and `ffn_hidden_size`."""
+    for name, value in (
+        ("num_heads", model.num_heads),
+        ("num_kv_heads", model.kv_heads),
+        ("ffn_hidden_size", model.ffn_hidden_size),
+    ):
+        if value % degree:
+            return f"the model's {name} ({value}) is not a multiple of {degree}"
+    return None
+
+
+def _check_tp_group(plan: Plan, st: StagePlan, cluster: Cluster | None, field: str) -> None:
+    why = tp_divisibility_error(plan.model, st.tp)
+    if why:
+        raise SpecError(f"a tensor-parallel group of {st.tp} devices: {why}", field=field)
+    if cluster is None:
+        return
+    devs = [cluster.devices[d] for d in st.devices]
+    if len({d.node for d in devs}) > 1 or len({d.gpu.name.lower() for d in devs}) > 1:
+        found = ", ".join(f"{d.id} ({d.gpu.name}, node {d.node})" for d in devs)
+        raise SpecError(
+            f"a tensor-parallel group must be on one node with one GPU type; got {found}",
+            field=field,
         )
 
 
