@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetpp.cost.compute import LayerCosts
-from hetpp.cost.params import stage_params, tied_copy_params
+from hetpp.cost.params import block_param_share, stage_params, tied_copy_params
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.trainspec import TrainSpec
 
@@ -51,7 +51,7 @@ def devices_to_hold(nbytes: float, capacity_bytes: float, train: TrainSpec) -> i
 def stage_memory(
     model: ModelSpec, train: TrainSpec, costs: LayerCosts, start: int, end: int, num_in_flight: int
 ) -> StageMemory:
-    n = stage_params(model, start, end)
+    n = stage_params(model, start, end, costs.tp)
     acts = num_in_flight * costs.saved(start, end)
     acts += float(costs.peak_extra_bytes[start:end].max(initial=0.0))
     acts += 2 * float(costs.send_bytes[start:end].max(initial=0.0))  # recv + send buffers
@@ -75,7 +75,8 @@ def stage_memory_parts(
     Same terms as `stage_memory`: model states, the largest transient backward peak, two
     send/receive buffers and the reserve are fixed; in-flight saved activations scale with k."""
     num = len(model.layers)
-    params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
+    stored = np.array([x.stored_params for x in model.layers]) * block_param_share(model, costs.tp)
+    params = np.concatenate([[0], np.cumsum(stored)])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
     state = n * train.state_bytes_per_param

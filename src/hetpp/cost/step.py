@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link
-from hetpp.cost.compute import CostModel
+from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.memory import StageMemory, stage_memory
-from hetpp.cost.params import tied_copy_params
+from hetpp.cost.params import ParamSums, tied_copy_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times
 from hetpp.cost.sync import optimizer_step_s, run_buckets, step_end_s
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, Plan, grad_buckets
+from hetpp.specs.plan import Estimate, Plan, StagePlan, grad_buckets
 from hetpp.specs.schedule import SCHEDULES
 
 
@@ -89,15 +89,22 @@ def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
     return CostModel(model, plan.train, plan.cluster, profiles)
 
 
+def stage_layer_costs(
+    cm: CostModel, st: StagePlan, mbs: int, recompute: bool | None = None
+) -> LayerCosts:
+    """Layer costs of one rank of a plan's stage: its GPU type, its TP degree over its group's
+    own link, its recomputation flag unless `recompute` says otherwise."""
+    recompute = st.recomputes(cm.train) if recompute is None else recompute
+    link = group_link(cm.cluster, st.devices) if st.tp > 1 else None
+    return cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute, st.tp, link)
+
+
 def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]]:
     """Per-stage costs of every pipeline, and each pipeline's time."""
     cluster, train = cm.cluster, cm.train
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
-        costs = [
-            cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size, st.recomputes(train))
-            for st in pipe.stages
-        ]
+        costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
         bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
         links = [
             p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
@@ -130,10 +137,20 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
 
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
     """Block-wise all-reduce in `grad_buckets` order, then the tied embedding/head bucket
-    (`hetpp.cost.sync.run_buckets` times them)."""
+    (`hetpp.cost.sync.run_buckets` times them).
+
+    Owners of a TP stage stand for their group: each rank all-reduces its shard with the
+    matching shards of the other pipelines, in parallel, so a bucket takes as long as the
+    owner with the least TP degree needs for its share (`ParamSums.synced`)."""
     grad = cm.train.grad_bytes_per_param
+    sums = ParamSums(cm.model)
+    tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
     order = [
-        (owners, tuple(blocks), sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks))
+        (
+            owners,
+            tuple(blocks),
+            sum(sums.synced(a, b, min(tp[o] for o in owners)) for a, b in blocks),
+        )
         for owners, blocks in grad_buckets(plan)
     ]
     tied = _tied_holders(plan, cm)

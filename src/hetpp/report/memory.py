@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetpp.cost.step import cost_model_for_plan, stage_costs
+from hetpp.cost.step import cost_model_for_plan, stage_costs, stage_layer_costs
 from hetpp.specs.plan import Plan
 from hetpp.specs.schedule import SCHEDULES
 
@@ -35,8 +35,7 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
         if m["method"].startswith("cuda"):
             acts = mem.activations
         else:
-            recompute = pipe.stages[st.stage].recomputes(plan.train)
-            costs = cm.layer_costs(cm.cluster.gpu(st.device), pipe.micro_batch_size, recompute)
+            costs = stage_layer_costs(cm, pipe.stages[st.stage], pipe.micro_batch_size)
             k = SCHEDULES[plan.schedule].in_flight(
                 st.stage, len(pipe.stages), pipe.num_micro_batches
             )

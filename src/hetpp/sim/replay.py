@@ -13,7 +13,13 @@ import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s, group_link
 from hetpp.cost.compute import CostModel
-from hetpp.cost.step import StageCost, optimizer_time_s, stage_costs, sync_buckets
+from hetpp.cost.step import (
+    StageCost,
+    optimizer_time_s,
+    stage_costs,
+    stage_layer_costs,
+    sync_buckets,
+)
 from hetpp.sim.engine import Collective, RankProgram, run
 from hetpp.sim.result import DeviceStats, SimResult, step_times
 from hetpp.sim.schedule import stage_actions
@@ -154,8 +160,7 @@ def _activation_peaks(
     saved, transient, buffers = [], [], []
     for st in stages:
         mbs = plan.pipelines[st.pipeline].micro_batch_size
-        recompute = plan.pipelines[st.pipeline].stages[st.stage].recomputes(plan.train)
-        costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute)
+        costs = stage_layer_costs(cm, plan.pipelines[st.pipeline].stages[st.stage], mbs)
         a, b = st.layers
         saved.append(costs.saved(a, b))
         transient.append(float(costs.peak_extra_bytes[a:b].max(initial=0.0)))

@@ -186,6 +186,10 @@ class LayerSpec(BaseModel):
     """Activation kept from forward until backward, per sequence, without recomputation."""
     saved_bytes_recompute_per_sample: int
     """The same with full activation recomputation (only the layer input is kept)."""
+    saved_bytes_whole_under_tp_per_sample: int = 0
+    """Of `saved_bytes_per_sample`, what every rank of a tensor-parallel group keeps whole
+    (without sequence parallelism: the norms' inputs and outputs and their fp32 upcasts, on the
+    replicated residual stream); the rest is split over the group (Korthikanti et al. 2022)."""
 
 
 class ModelSpec(BaseModel):
@@ -245,9 +249,11 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
     if c.family == "gpt":
         # norm in/out x2, q/k/v, attention out; MLP in, activation in, activation out.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1) + 2 * f
+        whole_elems = h * (2 + 2)  # the norms' in/out: on every TP rank
     else:
         # as GPT plus rotated q/k, fp32 RMSNorm upcasts (2 elements each), SwiGLU gate/up/act/prod.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac + 2 * 2) + 4 * f
+        whole_elems = h * (2 + 2 + 2 * 2)  # the norms' in/out and their fp32 upcasts
     n = block_params(c)
     return dict(
         kind="block",
@@ -257,6 +263,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         send_bytes_per_sample=s * h * d,
         saved_bytes_per_sample=int(s * saved_elems * d),
         saved_bytes_recompute_per_sample=s * h * d,
+        saved_bytes_whole_under_tp_per_sample=s * whole_elems * d,
     )
 
 
