@@ -62,6 +62,13 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="activation recomputation: auto plans both ways and keeps the faster",
     )
+    p.add_argument(
+        "--tp",
+        choices=("off", "auto"),
+        default="off",
+        help="tensor parallelism inside stages: auto searches a degree (1, 2, 4, 8 within a "
+        "node) per GPU type; the runtime does not execute TP stages yet (default off)",
+    )
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")
     p.add_argument(
@@ -110,6 +117,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         micro_batch_sizes=args.micro_batch_sizes,
         recompute_mode=args.recompute,
         profiles=load_profiles(args.profile) if args.profile else None,
+        tp_search=args.tp == "auto",
     )
 
 

@@ -16,6 +16,7 @@ from hetpp.planner.baselines import BASELINES
 from hetpp.planner.oracle import search_oracle
 from hetpp.planner.problem import Problem, physical_limit_samples_per_s
 from hetpp.planner.search import Progress, search_hpp
+from hetpp.planner.tp import search_tp
 from hetpp.specs.errors import SpecError
 
 Strategy = Callable[[Problem, Progress | None], PlanResult]
@@ -41,9 +42,11 @@ def plan(
     time_limit_s: float | None = None,
 ) -> PlanResult:
     """Run one strategy on a problem; `time_limit_s` (hpp only) returns the best plan found by
-    then."""
+    then (per TP degree assignment when `problem.tp_search`)."""
     if strategy not in STRATEGIES:
         raise SpecError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if problem.tp_search:
+        return search_tp(problem, lambda p: plan(p, strategy, progress, time_limit_s))
     if time_limit_s is not None:
         if strategy != "hpp":
             raise SpecError(

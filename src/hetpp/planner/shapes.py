@@ -103,8 +103,9 @@ class ShapeContext:
     def tables(self, key: str) -> StageTables:
         """Range tables of one GPU type at this micro-batch size."""
         if key not in self._tables:
-            gpu = self.problem.pools[key].gpu
-            self._tables[key] = stage_tables(self.cm, self.cm.layer_costs(gpu, self.mbs))
+            pool = self.problem.pools[key]
+            costs = self.cm.layer_costs(pool.gpu, self.mbs, tp=pool.tp)
+            self._tables[key] = stage_tables(self.cm, costs)
         return self._tables[key]
 
     def template(self, runs: Runs, forced: tuple[int, ...] = ()) -> TemplateCost | None:
@@ -209,10 +210,13 @@ class ShapeContext:
         exposed, opt = 0.0, 0.0
         done = backward_done_s(bwd, comm, 0.0)  # before the pipeline's end (0)
         for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-            grads = self.params.synced(a, b) * train.grad_bytes_per_param
+            pool = pools[keys[s]]
+            grads = self.params.synced(a, b, pool.tp) * train.grad_bytes_per_param
             sync = allreduce_time_s(grads, replicas, link)
-            bw = pools[keys[s]].gpu.mem_bw_bytes_per_s
-            opt = max(opt, optimizer_step_s(state_bytes(self.params.stored(a, b), train), bw))
+            stored = self.params.stored(a, b, pool.tp)
+            opt = max(
+                opt, optimizer_step_s(state_bytes(stored, train), pool.gpu.mem_bw_bytes_per_s)
+            )
             exposed = max(exposed, sync + done[s])
         return exposed + opt
 

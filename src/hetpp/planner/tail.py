@@ -40,10 +40,13 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     cuts = sorted({c for t, _ in layout for c in t.bounds})
     stage = [np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout]
     buckets: dict[tuple[int, ...], list[float]] = {}  # owners -> [params, last block start]
+    pools = ctx.problem.pools
     for j, (a, b) in enumerate(itertools.pairwise(cuts)):
         owners = tuple(int(x[j]) for x in stage)
         entry = buckets.setdefault(owners, [0.0, 0])
-        entry[0] += ctx.params.synced(a, b)
+        # each TP rank syncs its shard: the owner of least degree sets the bucket's size
+        tp = min(pools[t.stage_keys[s]].tp for (t, _), s in zip(layout, owners))
+        entry[0] += ctx.params.synced(a, b, tp)
         entry[1] = a
     # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket.
     grad = train.grad_bytes_per_param
@@ -58,8 +61,8 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     _, free = run_buckets(order, done)
     opt = {
         (i, s): optimizer_step_s(
-            state_bytes(ctx.params.stored(a, b), train),
-            ctx.problem.pools[t.stage_keys[s]].gpu.mem_bw_bytes_per_s,
+            state_bytes(ctx.params.stored(a, b, pools[t.stage_keys[s]].tp), train),
+            pools[t.stage_keys[s]].gpu.mem_bw_bytes_per_s,
         )
         for i, (t, _) in enumerate(layout)
         for s, (a, b) in enumerate(itertools.pairwise(t.bounds))

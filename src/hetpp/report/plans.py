@@ -21,23 +21,25 @@ def plan_table(problem: Problem, result: PlanResult) -> Table:
         f"global batch {plan.global_batch} x {plan.seq_len} tokens",
         caption="identical pipelines share rows: pipes = how many, batch = each one's share",
     )
-    for col in ("pipes", "stage", "GPU", "devices", "layers", "mbs x m", "batch", "free mem"):
-        right = col in ("pipes", "stage", "batch", "free mem")
+    cols = ("pipes", "stage", "GPU", "TP", "devices", "layers", "mbs x m", "batch", "free mem")
+    for col in cols:
+        right = col in ("pipes", "stage", "TP", "batch", "free mem")
         table.add_column(col, justify="right" if right else "left", no_wrap=True, min_width=4)
     costs = {(s.pipeline, s.stage): s for s in step.stages}
     groups: dict[tuple, list[int]] = {}
     for p, pipe in enumerate(plan.pipelines):
-        shape = tuple((cl.gpu(st.device).name, st.layers) for st in pipe.stages)
+        shape = tuple((cl.gpu(st.device).name, st.tp, st.layers) for st in pipe.stages)
         groups.setdefault((shape, pipe.micro_batch_size, pipe.num_micro_batches), []).append(p)
     for (shape, mbs, m), members in groups.items():
-        for s, (gpu, layers) in enumerate(shape):
+        for s, (gpu, tp, layers) in enumerate(shape):
             free = min(costs[(p, s)].capacity_bytes - costs[(p, s)].memory.total for p in members)
             first = s == 0
             table.add_row(
                 str(len(members)) if first else "",
                 str(s),
                 gpu,
-                _brief(sorted(plan.pipelines[p].stages[s].device for p in members)),
+                str(tp),
+                _brief(sorted(d for p in members for d in plan.pipelines[p].stages[s].devices)),
                 f"[{layers[0]}, {layers[1]})",
                 f"{mbs} x {m}" if first else "",
                 str(mbs * m) if first else "",
