@@ -50,7 +50,7 @@ def test_the_tp_search_never_loses_and_wins_where_memory_is_short():
     on = problem(_mixed(), "gpt3-6.7b", 16, seq=2048, tp_search=True)
     r_off, r_on = plan(off, "hpp"), plan(on, "hpp")
     assert r_on.iteration_time_s <= r_off.iteration_time_s
-    assert "TP degree searched" in r_on.note
+    assert "TP degree per GPU type searched (all 9 assignments" in r_on.note
     final = r_on.final_plan().validate_plan()
     assert any(s.tp > 1 for pipe in final.pipelines for s in pipe.stages)
     print(f"gpt3-6.7b: {r_off.throughput_samples_per_s:.3f} -> {r_on.throughput_samples_per_s:.3f}")
@@ -74,3 +74,14 @@ def test_hetpp_plan_shows_the_tp_degree(tmp_path, capsys):
     pipes = json.loads(out.read_text())["pipelines"]
     devices = [[s["devices"] for s in p["stages"]] for p in pipes]
     assert devices == [[[0, 1]], [[2, 3]]]
+
+
+def test_one_type_at_a_time_reaches_the_exhaustive_choice_here(monkeypatch):
+    import hetpp.planner.tp as tp
+
+    p = problem(_mixed(), "gpt3-6.7b", 16, seq=2048, tp_search=True)
+    every = plan(p, "hpp")
+    monkeypatch.setattr(tp, "EXHAUSTIVE", 1)
+    descent = plan(p, "hpp")
+    assert "one type at a time over 9 assignments" in descent.note
+    assert descent.iteration_time_s == pytest.approx(every.iteration_time_s)
