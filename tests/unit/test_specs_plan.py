@@ -146,10 +146,17 @@ def test_a_flashflex_style_plan_with_tp_stages_loads(tmp_path):
     assert plan.num_devices == 22
 
 
-def test_the_runtime_refuses_tp_stages_until_it_executes_them(small_cluster):
-    from hetpp.runtime.contract import check_executable
+def test_the_runtime_runs_one_power_of_two_tp_degree_per_pipeline(small_cluster):
+    from hetpp.runtime.contract import check_executable, check_tp_options
 
-    stages = [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2], "layers": [3, 6]}]
-    with pytest.raises(SpecError, match="does not execute tensor parallelism") as e:
-        check_executable(tp_plan(small_cluster, stages).validate_plan())
-    assert e.value.field == "pipelines[0].stages[0].devices"
+    ok = tp_plan(
+        small_cluster,
+        [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2, 3], "layers": [3, 6]}],
+    ).validate_plan()
+    check_executable(ok)
+    with pytest.raises(SpecError, match="--checkpoint-dir is not supported"):
+        check_tp_options(ok, checkpoint=True, memory_report=False)
+    mixed = [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2], "layers": [3, 6]}]
+    with pytest.raises(SpecError, match=r"TP degrees \[1, 2\] in one pipeline") as e:
+        check_executable(tp_plan(small_cluster, mixed).validate_plan())
+    assert e.value.field == "pipelines[0].stages"

@@ -67,7 +67,8 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         choices=("off", "auto"),
         default="off",
         help="tensor parallelism inside stages: auto searches a degree (1, 2, 4, 8 within a "
-        "node) per GPU type; the runtime does not execute TP stages yet (default off)",
+        "node) per GPU type (default off); hetpp train runs a plan whose pipelines each have "
+        "one degree",
     )
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default=next(iter(SCHEDULES)))
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")

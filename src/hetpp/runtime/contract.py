@@ -24,14 +24,7 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
     plan's own validation already limits the schedule to the registry (each entry names the torch
     class the runtime runs)."""
     train = plan.train
-    for p, pipe in enumerate(plan.pipelines):
-        for s, st in enumerate(pipe.stages):
-            if st.tp > 1:
-                raise SpecError(
-                    f"{list(st.devices)}: a tensor-parallel stage is planned, costed and "
-                    "simulated, but the runtime does not execute tensor parallelism yet",
-                    field=f"pipelines[{p}].stages[{s}].devices",
-                )
+    _check_tp(plan)
     if train.grad_bytes_per_param not in REDUCE_BYTES:
         raise SpecError(
             f"{train.grad_bytes_per_param}: the runtime all-reduces gradients in 2 (bf16/fp16) "
@@ -45,6 +38,35 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
         )
 
 
+def _check_tp(plan: Plan) -> None:
+    """TP stages the runtime runs: one degree per pipeline (rank j of every TP group of a
+    pipeline runs its schedule together, as torchtitan combines PP and TP), a power of two
+    (gradient pieces over owners of different degrees must nest, `gradsync`)."""
+    for p, pipe in enumerate(plan.pipelines):
+        degrees = sorted({st.tp for st in pipe.stages})
+        if len(degrees) > 1:
+            raise SpecError(
+                f"TP degrees {degrees} in one pipeline: the runtime runs one degree per "
+                "pipeline (other pipelines may have another, or none)",
+                field=f"pipelines[{p}].stages",
+            )
+        k = degrees[0]
+        if k & (k - 1):
+            raise SpecError(
+                f"a TP degree of {k}: the runtime runs powers of two",
+                field=f"pipelines[{p}].stages[0].devices",
+            )
+
+
+def check_tp_options(plan: Plan, checkpoint: bool, memory_report: bool) -> None:
+    """What the runtime does not do with TP stages yet: checkpoints (full tensors would be
+    gathered per layer; not built) and the memory report."""
+    if any(st.tp > 1 for pipe in plan.pipelines for st in pipe.stages):
+        for flag, on in (("--checkpoint-dir", checkpoint), ("--memory-report", memory_report)):
+            if on:
+                raise SpecError(f"{flag} is not supported with tensor-parallel stages yet")
+
+
 def describe(plan: Plan, precision: str) -> list[str]:
     """What the runtime executes of `plan`, as rank 0 prints it before the first step;
     `precision` says how the plan's precision runs (`Precision.describe`)."""
@@ -54,9 +76,10 @@ def describe(plan: Plan, precision: str) -> list[str]:
     ]
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
+        devices = [st.devices if st.tp > 1 else st.device for st in pipe.stages]  # TP: groups
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]
         lines.append(
-            f"  pipeline {p}: devices {pipe.devices}, layers {spans}, batch {pipe.batch} "
+            f"  pipeline {p}: devices {devices}, layers {spans}, batch {pipe.batch} "
             f"({pipe.num_micro_batches} x {pipe.micro_batch_size}), recompute "
             + (f"stages {again}" if again else "off")
         )

@@ -13,6 +13,15 @@ complete. Every rank issues its buckets in that one global order, the simulator'
 that share two reduce groups then never wait on each other's collectives in opposite orders (on
 NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
 
+Tensor parallelism: a TP rank's bucket holds its shards. A bucket's sharded gradients are cut
+into K pieces, K the largest TP degree among its owners (powers of two), and piece i is
+all-reduced over the one rank of each owner group that holds it (`RankMap.piece_groups`): the
+same elements summed over the same pipelines as without TP, so the result is exact whatever the
+degrees (a degree-1 owner takes part in all K). The fused q/k/v rows are matched by their place
+in the unsharded matrix (`tp.qkv_rows`). Parameters every TP rank holds whole (norms, row-parallel
+biases, embedding, head) have equal gradients on the ranks of a group: each rank sends 1/k of
+them (exact: k is a power of two) in one all-reduce over every rank of the owner groups.
+
 A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
 of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
 contributions together.
@@ -30,6 +39,21 @@ import torch.distributed as dist
 from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
+from hetpp.runtime.tp import local_tensor, qkv_piece_rows, shard_dims
+
+Slice = tuple[torch.Tensor, int, torch.Tensor | None]
+"""(gradient tensor, dim, indices along dim; None: the whole tensor) that a part reduces."""
+
+
+@dataclass
+class Part:
+    """One all-reduce of a bucket: some slices of its gradients, flattened, over one group."""
+
+    slices: list[Slice]
+    ranks: tuple[int, ...]
+    scale: float = 1.0
+    flat: torch.Tensor | None = None
+    work: dist.Work | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -42,10 +66,11 @@ class Bucket:
     """Layer ranges of the merged blocks."""
     params: list[torch.nn.Parameter]
     """This rank's parameters of those layers, in layer order (the same order on every owner)."""
+    pieces: tuple[tuple[int, ...], ...] = ()
+    """Ranks holding each piece of the sharded gradients (`RankMap.piece_groups`)."""
     waiting: int = 0
     """Parameters whose final gradient has not arrived yet in this step's last backward."""
-    flat: torch.Tensor | None = None
-    work: dist.Work | None = field(default=None, repr=False)
+    parts: list[Part] = field(default_factory=list)
 
     def describe(self) -> str:
         spans = ", ".join(f"[{a}, {b})" for a, b in self.layers)
@@ -58,20 +83,25 @@ class GradSync:
     def __init__(self, ranks: RankMap, rank: int, stage: StageModule, groups: Groups,
                  device: torch.device, reduce_dtype: torch.dtype):  # fmt: skip
         self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
+        self.ranks, self.role = ranks, ranks.role(rank)
+        tp, index = len(self.role.tp_ranks), self.role.tp_index
+        self.dims, self.qkv_rows = shard_dims(stage), qkv_piece_rows(stage, tp, index)
         tied = stage.tied_weight()
         self.buckets: list[Bucket] = []
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
-        # so only pipeline 0's owner adds it in (the tied weight with layer 0).
+        # so only pipeline 0's owner adds it in (the tied weight with layer 0); in a TP group
+        # each rank its shards, rank 0 what every rank holds whole.
         self.norm_params: list[torch.nn.Parameter] = []
         for layers, owners in ranks.buckets:
-            if rank not in owners:
+            if rank not in ranks.union(owners):  # a TP rank: its group owns the bucket
                 continue
             params = [p for a, b in layers for i in range(a, b) for _, p in stage.own_parameters(i)]
-            if owners[0] == rank:
-                self.norm_params += params
+            if rank in ranks.role(owners[0]).tp_ranks:  # a TP group counts each shard once
+                lead = self.role.tp_index == 0
+                self.norm_params += [p for p in params if lead or id(p) in self.dims]
             params = [p for p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
-                self.buckets.append(Bucket(owners, layers, params))
+                self.buckets.append(Bucket(owners, layers, params, ranks.piece_groups(owners)))
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
         self.tied_holders = holders
@@ -85,7 +115,7 @@ class GradSync:
         """Called just before this step's last backward: from now on, gradients are final."""
         self.armed, self.issued = True, 0
         for b in self.buckets:
-            b.waiting, b.flat, b.work = len(b.params), None, None
+            b.waiting, b.parts = len(b.params), []
 
     def _arrived(self, bucket: Bucket) -> None:
         if self.armed:
@@ -101,8 +131,38 @@ class GradSync:
             self.issued += 1
 
     def _start(self, b: Bucket) -> None:
-        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
-        b.work = dist.all_reduce(b.flat, group=self.groups.reduce_group(b.owners), async_op=True)
+        b.parts = self._parts(b)
+        for part in b.parts:
+            flat = torch.cat([_take(s).reshape(-1) for s in part.slices]).to(self.reduce_dtype)
+            part.flat = flat if part.scale == 1.0 else flat * part.scale
+            group = self.groups.reduce_group(part.ranks)
+            part.work = dist.all_reduce(part.flat, group=group, async_op=True)
+
+    def _parts(self, b: Bucket) -> list[Part]:
+        """This rank's all-reduces of bucket `b`, in the one order every rank issues them."""
+        grads = [local_tensor(g) for g in grads_of(b.params)]
+        if len(b.pieces) == 1:
+            return [Part([(g, 0, None) for g in grads], b.owners)]
+        k, j = len(self.role.tp_ranks), self.role.tp_index
+        per = len(b.pieces) // k  # pieces this rank holds: [j * per, (j + 1) * per)
+        sharded = [(p, g) for p, g in zip(b.params, grads) if id(p) in self.dims]
+        whole = [(g, 0, None) for p, g in zip(b.params, grads) if id(p) not in self.dims]
+        parts = [
+            Part([self._piece(p, g, per, c) for p, g in sharded], b.pieces[j * per + c])
+            for c in range(per)
+        ]
+        if whole:
+            parts.append(Part(whole, self.ranks.union(b.owners), 1.0 / k))
+        return parts
+
+    def _piece(self, p: torch.nn.Parameter, g: torch.Tensor, per: int, c: int) -> Slice:
+        """Piece c of `per` of this rank's shard `g` of `p`: a contiguous run along the shard
+        dimension, or for the fused q/k/v the rows the unsharded matrix's piece holds."""
+        dim = self.dims[id(p)]
+        size = g.shape[dim] // per
+        rows = self.qkv_rows.get(id(p))
+        idx = rows(per, c) if rows else torch.arange(c * size, (c + 1) * size)
+        return g, dim, idx.to(g.device)
 
     def sync(self, note: Callable[[str], None]) -> None:
         """Finish the step's reductions: start what backward has not (the tied weight; a bucket
@@ -115,14 +175,17 @@ class GradSync:
         if self.tied is not None:
             group = self.groups.reduce_group(self.tied_holders)
             tied_flat = grads_of([self.tied])[0].to(self.reduce_dtype)  # the grad itself if equal
+            if len(self.role.tp_ranks) > 1:  # each rank of a TP group holds it: 1/k from each
+                tied_flat = tied_flat / len(self.role.tp_ranks)
             tied_work = dist.all_reduce(tied_flat, group=group, async_op=True)
         for b in self.buckets:
             note(b.describe())
-            b.work.wait()
-            grads = grads_of(b.params)
-            for g, part in zip(grads, b.flat.split([g.numel() for g in grads])):
-                g.copy_(part.view_as(g))
-            b.flat = b.work = None
+            for part in b.parts:
+                part.work.wait()
+                sizes = [_numel(s) for s in part.slices]
+                for sl, chunk in zip(part.slices, part.flat.split(sizes)):
+                    _put(sl, chunk)
+            b.parts = []
         if tied_work is not None:
             note(f"tied-weight sync with ranks {list(self.tied_holders)}")
             tied_work.wait()
@@ -135,3 +198,23 @@ class GradSync:
         norm = math.sqrt(local.item())
         scale_grads(stage.parameters(), clip_coefficient(norm, max_norm))
         return norm
+
+
+def _take(s: Slice) -> torch.Tensor:
+    g, dim, idx = s
+    return g if idx is None else g.index_select(dim, idx)
+
+
+def _numel(s: Slice) -> int:
+    g, dim, idx = s
+    return g.numel() if idx is None else g.numel() // g.shape[dim] * len(idx)
+
+
+def _put(s: Slice, values: torch.Tensor) -> None:
+    g, dim, idx = s
+    if idx is None:
+        g.copy_(values.view_as(g))
+    else:
+        shape = list(g.shape)
+        shape[dim] = len(idx)
+        g.index_copy_(dim, idx, values.view(shape).to(g.dtype))

@@ -12,13 +12,16 @@ heads (the only bookkeeping of the model that changes).
 hetpp's q/k/v projection is one fused matrix, rows [q | k | v]. A contiguous row split of it
 would give rank 0 all of q and none of v, so its rows are first permuted into
 [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (rank j's query heads, then its KV heads, `qkv_rows`), and
-`full_state` undoes it: checkpoints and `--verify` see the unsharded layout.
+`full_state` undoes it: `--verify` sees the unsharded layout (checkpoints of TP stages, which
+would gather the same way, are not written yet: `contract.check_tp_options`).
 
-Not wired into the trainer yet (`runtime/contract.py` refuses TP stages): the pipeline P2P
-between TP groups and the block-wise gradient sync over TP shards are still to be built.
+The trainer calls `parallelize_stage` on every rank of a TP stage; `gradsync` reduces the
+shards (`shard_dims`, `qkv_piece_rows`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -42,6 +45,8 @@ BLOCK_PLAN = {
 }
 """Submodule -> its parallel style (`mlp.gate` only in gated MLPs)."""
 QKV = ("attn.qkv.weight", "attn.qkv.bias")
+SPLIT_DIM = {ColwiseParallel: {"weight": 0, "bias": 0}, RowwiseParallel: {"weight": 1}}
+"""Which dimension each style splits (a row-parallel bias is added whole, after the sum)."""
 
 
 def qkv_rows(c: ModelConfig, tp: int) -> torch.Tensor:
@@ -84,18 +89,66 @@ def parallelize_stage(stage: StageModule, mesh: DeviceMesh) -> None:
         layer.attn.kv_heads //= tp
 
 
-def full_state(stage: StageModule, grads: bool = False) -> dict[str, torch.Tensor]:
+def full_state(stage: StageModule, grads: bool = False) -> dict[tuple[int, str], torch.Tensor]:
     """Every parameter (or, with `grads`, its gradient) of `stage` as the unsharded model holds
-    it, keyed by `named_parameters` names: sharded ones gathered (collective over the TP group),
-    the q/k/v rows put back in order."""
+    it, keyed by (layer index, name) as `reference.stage_parameters` (tied copies included), on
+    the CPU: sharded ones gathered (collective over the TP group), the q/k/v rows put back."""
     out = {}
-    rows: dict[int, torch.Tensor] = {}
-    for name, p in stage.named_parameters():
-        t = p.grad if grads else p
-        t = t.full_tensor() if isinstance(t, DTensor) else t
-        if name.endswith(QKV) and isinstance(p, DTensor):
-            tp = p.device_mesh.size()
-            order = rows.setdefault(tp, qkv_rows(stage.config, tp))
-            t = t[torch.argsort(order)]
-        out[name] = t.detach()
+    for i in range(stage.start, stage.end):
+        for name, p in stage.layer(i).named_parameters(remove_duplicate=False):
+            t = p.grad if grads else p
+            if isinstance(t, DTensor):
+                t = t.full_tensor()
+                if name in QKV:
+                    t = t[torch.argsort(qkv_rows(stage.config, p.device_mesh.size()))]
+            out[(i, name)] = t.detach().cpu()
+    return out
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A TP rank's own part of `t` (its shard of a DTensor; a plain tensor as it is)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_dims(stage: StageModule) -> dict[int, int]:
+    """id(parameter) -> the dimension TP splits it along, for every parameter a TP group of any
+    degree would split (the blocks' column/row-parallel weights, column-parallel biases), TP
+    or not on this stage: owners of one gradient bucket with different degrees match pieces of
+    them (`gradsync`). Parameters not listed are whole on every TP rank."""
+    out = {}
+    for layer in stage.layers.values():
+        if not isinstance(layer, Block):
+            continue
+        modules = dict(layer.named_modules())
+        for name, style in BLOCK_PLAN.items():
+            for kind, dim in SPLIT_DIM[style].items():
+                p = getattr(modules.get(name), kind, None)
+                if p is not None:
+                    out[id(p)] = dim
+    return out
+
+
+def qkv_piece_rows(
+    stage: StageModule, tp: int, index: int
+) -> dict[int, Callable[[int, int], torch.Tensor]]:
+    """id(fused q/k/v weight or bias) -> rows(per, c): the rows of this rank's shard (TP rank
+    `index` of `tp`) that hold piece `index * per + c` of the unsharded matrix cut into
+    `tp * per` pieces in the degree-(tp * per) row order, in that order. Other owners of the
+    bucket hold the same rows of the unsharded matrix in the same order (`gradsync`)."""
+    c = stage.config
+    n = c.q_dim + 2 * c.kv_heads * c.head_dim
+    mine = torch.argsort(qkv_rows(c, tp)) - index * (n // tp)  # unsharded row -> local row
+
+    def rows(per: int, piece: int) -> torch.Tensor:
+        most = tp * per
+        i = index * per + piece
+        return mine[qkv_rows(c, most)[i * n // most : (i + 1) * n // most]]
+
+    out = {}
+    for layer in stage.layers.values():
+        if isinstance(layer, Block):
+            for name in QKV:
+                p = dict(layer.named_parameters()).get(name)
+                if p is not None:
+                    out[id(p)] = rows
     return out

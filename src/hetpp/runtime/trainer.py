@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed import pipelining
+from torch.distributed.device_mesh import DeviceMesh
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
@@ -46,6 +47,7 @@ from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled
 from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.stage import TimedStage
+from hetpp.runtime.tp import full_state, parallelize_stage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
@@ -142,6 +144,11 @@ class RankTrainer:
             load_stage(self.stage, opts.init_from)
         self.stage.to(device)
         self.precision.prepare(self.stage, device)
+        self.tp = len(role.tp_ranks) > 1
+        if self.tp:
+            parallelize_stage(self.stage, DeviceMesh.from_group(groups.tp, device.type))
+        self.counts_loss = role.tp_index == 0
+        """The loss is counted once per TP group (every rank of it computes the same)."""
         self.probe = MemoryProbe(self.stage, device) if opts.memory_report else None
         if self.pipe.stages[role.stage].recomputes(plan.train):
             recompute_blocks(self.stage, self.probe.meter if self.probe else None)
@@ -174,7 +181,7 @@ class RankTrainer:
         self.first, self.last = role.stage == 0, role.stage == role.num_stages - 1
         self.where = (
             f"pipeline schedule (pipeline {role.pipeline}, "
-            f"ranks {list(ranks.pipelines[role.pipeline])}, stage {role.stage})"
+            f"ranks {list(role.chain)}, stage {role.stage})"
         )
 
     def train(self) -> RunResult:
@@ -257,7 +264,8 @@ class RankTrainer:
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
-        return times, sum(float(x.detach()) for x in losses or ()) / scale, norm
+        loss = sum(float(x.detach()) for x in losses or ()) / scale if self.counts_loss else 0.0
+        return times, loss, norm
 
     def probe_region(self) -> contextlib.AbstractContextManager:
         return self.probe.region() if self.probe is not None else contextlib.nullcontext()
@@ -296,7 +304,8 @@ class RankTrainer:
             with self.precision.step_region(self.device):
                 self.schedule.eval(*args, target=target, losses=losses)
             # The loss function multiplies by the fp16 loss scale (1 otherwise).
-            total += sum(float(x.detach()) for x in losses or ()) / self.scaler.scale
+            if self.counts_loss:
+                total += sum(float(x.detach()) for x in losses or ()) / self.scaler.scale
         dist.all_reduce(total)
         return total.item() / self.opts.eval_batches
 
@@ -319,7 +328,8 @@ class RankTrainer:
         """Rank 0 trains the same steps in one process and compares every copy of every
         parameter on every rank with it."""
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(stage_parameters(self.stage), gathered, dst=0)
+        mine = full_state(self.stage) if self.tp else stage_parameters(self.stage)
+        dist.gather_object(mine, gathered, dst=0)
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)
