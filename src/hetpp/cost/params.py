@@ -35,7 +35,7 @@ def stage_params(model: ModelSpec, start: int, end: int, tp: int = 1) -> float:
     """Parameters stored by one device of a stage holding layers [start, end) over `tp`
     tensor-parallel devices."""
     share = block_param_share(model, tp)
-    total = sum(x.stored_params * share[x.index] for x in model.layers[start:end])
+    total = sum(x.stored_params * float(share[x.index]) for x in model.layers[start:end])
     if start == 0 and end == len(model.layers):
         total -= tied_copy_params(model)
     return total
