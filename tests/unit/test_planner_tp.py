@@ -107,4 +107,7 @@ def test_tp_is_not_planned_with_sharding():
         problem(_mixed(), "gpt3-2.7b", 16, tp_search=True, sharding_mode="auto")
     assert e.value.field == "sharding"
     # TP degrees leave no multi-chunk schedule to try (a TP group runs one stage)
-    assert problem(_mixed(), "gpt3-2.7b", 16, tp_degrees={"a100-80gb": 2}).chunked_schedules == ()
+    tp2 = problem(_mixed(), "gpt3-2.7b", 16, tp_degrees={"a100-80gb": 2})
+    assert tp2.chunked_schedules == ()
+    # nor an FSDP plan (it would run on the groups' lead devices alone)
+    assert not plan(tp2, "fsdp").feasible
