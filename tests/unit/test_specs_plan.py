@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -147,3 +148,99 @@ def test_multi_chunk_schedules_hold_torchs_micro_batch_rules(small_cluster):
         make_plan(small_cluster, [{**pipe(vee, m=3), "schedule": "dualpipev"}]).validate_plan()
     with pytest.raises(SpecError, match="places stage 2 of this pipeline on device 1"):
         make_plan(small_cluster, [{**pipe(loop, m=4), "schedule": "zbv"}]).validate_plan()
+
+
+def tp_plan(cluster, stages, m=4):
+    return make_plan(
+        cluster,
+        [{"stages": stages, "micro_batch_size": 1, "num_micro_batches": m}],
+    )
+
+
+def test_a_stage_with_k_devices_is_a_tensor_parallel_group(small_cluster):
+    plan = tp_plan(
+        small_cluster,
+        [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2, 3, 4, 5], "layers": [3, 6]}],
+    ).validate_plan()
+    assert [s.tp for s in plan.pipelines[0].stages] == [2, 4]
+    assert plan.num_devices == 6
+    # A stage is named by its lead device: the owners of its gradient blocks.
+    assert [b.owners for b in plan.blocks()] == [(0,), (2,)]
+
+
+@pytest.mark.parametrize(
+    ("devices", "match"),
+    [
+        ([1, 2], "one node with one GPU type; got 1 \\(A100-80GB, node 0\\), 2 \\(V100-16GB"),
+        ([2, 3, 4], "num_heads \\(4\\) is not a multiple of 3"),
+        ([0, 0], "device 0 is already used"),
+    ],
+)
+def test_bad_tensor_parallel_groups_name_the_field(small_cluster, devices, match):
+    others = [d for d in range(6) if d not in devices][:1]
+    stages = [{"devices": devices, "layers": [0, 3]}, {"devices": others, "layers": [3, 6]}]
+    with pytest.raises(SpecError, match=match) as e:
+        tp_plan(small_cluster, stages).validate_plan()
+    assert e.value.field == "pipelines[0].stages[0].devices"
+
+
+def test_a_flashflex_style_plan_with_tp_stages_loads(tmp_path):
+    # FlashFlex / HexiScale write a stage as a list of GPUs: k GPUs are a TP group. Here an
+    # H100 TP-4 stage feeds an A100 TP-2 stage, next to a T4 pipeline without TP.
+    src = Path(__file__).parent / "data" / "plan-flashflex-tp.json"
+    plan = load_plan(src)
+    stages = [[(s.devices, s.layers) for s in p.stages] for p in plan.pipelines]
+    assert stages == [
+        [((0, 1, 2, 3), (0, 20)), ((4, 5), (20, 34))],
+        [((8, 9, 10, 11), (0, 9)), ((12, 13, 14, 15), (9, 18)), ((16, 17, 18, 19), (18, 26)),
+         ((20, 21, 22, 23), (26, 34))],
+    ]  # fmt: skip
+    assert plan.num_devices == 22
+
+
+def test_the_runtime_runs_one_power_of_two_tp_degree_per_pipeline(small_cluster):
+    from hetpp.runtime.contract import check_executable, check_tp_options
+
+    ok = tp_plan(
+        small_cluster,
+        [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2, 3], "layers": [3, 6]}],
+    ).validate_plan()
+    check_executable(ok)
+    with pytest.raises(SpecError, match="--checkpoint-dir is not supported"):
+        check_tp_options(ok, checkpoint=True, memory_report=False)
+    mixed = [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2], "layers": [3, 6]}]
+    with pytest.raises(SpecError, match=r"TP degrees \[1, 2\] in one pipeline") as e:
+        check_executable(tp_plan(small_cluster, mixed).validate_plan())
+    assert e.value.field == "pipelines[0].stages"
+    # TP stages with optimizer sharding: a valid plan the runtime does not run (exit 2)
+    two = [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [2, 3], "layers": [3, 6]}]
+    sharded = make_plan(
+        small_cluster,
+        [{"stages": two, "micro_batch_size": 1, "num_micro_batches": 4}, pipe([(4, (0, 6))])],
+        sharding="optimizer",
+    ).validate_plan()
+    with pytest.raises(SpecError, match="sharding 'optimizer' with tensor-parallel") as e:
+        check_executable(sharded)
+    assert e.value.field == "sharding"
+
+
+def test_tp_stages_run_one_stage_per_device(small_cluster):
+    # a TP group under an interleaved schedule: refused by the plan check, naming the stages
+    loop = [
+        {"devices": [0, 1], "layers": [0, 2]},
+        {"devices": [2], "layers": [2, 3]},
+        {"devices": [0, 1], "layers": [3, 4]},
+        {"devices": [2], "layers": [4, 6]},
+    ]
+    plan = make_plan(
+        small_cluster,
+        [{"stages": loop, "micro_batch_size": 1, "num_micro_batches": 4,
+          "schedule": "interleaved-1f1b"}],
+    )  # fmt: skip
+    with pytest.raises(SpecError, match="multi-chunk schedules with TP are not supported") as e:
+        plan.validate_plan()
+    assert e.value.field == "pipelines[0].stages"
+    # a TP group's device may not run a second stage of its pipeline either
+    reuse = [{"devices": [0, 1], "layers": [0, 3]}, {"devices": [1], "layers": [3, 6]}]
+    with pytest.raises(SpecError, match=r"device 1 is already used by pipelines\[0\]\.stages\[0\]"):
+        tp_plan(small_cluster, reuse).validate_plan()

@@ -70,6 +70,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         "auto: try it where memory or time says so and keep the faster (hetpp train runs "
         "sharded plans in fp32 only)",
     )
+    p.add_argument(
+        "--tp",
+        choices=("off", "auto"),
+        default="off",
+        help="tensor parallelism inside stages: auto searches a degree (1, 2, 4, 8 within a "
+        "node) per GPU type (default off); hetpp train runs a plan whose pipelines each have "
+        "one degree",
+    )
     one_chunk = tuple(n for n, s in SCHEDULES.items() if s.placement == "one")
     p.add_argument("--schedule", choices=one_chunk, default=one_chunk[0])
     p.add_argument(
@@ -129,6 +137,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         sharding_mode=args.sharding,
         profiles=load_profiles(args.profile) if args.profile else None,
         schedules=None if args.try_schedules is None else tuple(args.try_schedules),
+        tp_search=args.tp == "auto",
     )
 
 

@@ -41,6 +41,14 @@ def _intra_bw(cluster: Cluster, device: int) -> float:
     return cluster.nodes[cluster.devices[device].group].intra_node_GBps * 1e9
 
 
+def tp_link_for_type(cluster: Cluster, gpu_name: str) -> Link:
+    """The link a tensor-parallel group of GPU type `gpu_name` all-reduces over, where only the
+    type is known: the fastest fabric among that type's nodes (a plan's group asks
+    `group_link` of its devices)."""
+    bws = [g.intra_node_GBps for g in cluster.nodes if g.gpu.lower() == gpu_name.lower()]
+    return Link(max(bws) * 1e9, cluster.intra_node_latency_us * 1e-6)
+
+
 def p2p_link(cluster: Cluster, a: int, b: int) -> Link:
     """The link between two devices."""
     same = cluster.devices[a].node == cluster.devices[b].node

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetpp.cost.comm import tp_link_for_type
+from hetpp.cost.tp import tp_allreduce_s, tp_saved_bytes
 from hetpp.profile.estimator import Calibration, estimate_layer
 from hetpp.profile.table import LAYER_KINDS, ProfileTable
 from hetpp.specs.catalog import GpuType
-from hetpp.specs.cluster import Cluster
+from hetpp.specs.cluster import Cluster, Link
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.trainspec import TrainSpec
@@ -38,6 +40,8 @@ class LayerCosts:
     """Bytes of the activation each layer sends to the next (per micro-batch)."""
     source: str
     """'measured' or 'estimated'."""
+    tp: int = 1
+    """Tensor-parallel degree: the costs are those of one rank of a group of `tp` devices."""
     _fwd_cum: np.ndarray = field(init=False, repr=False)
     _bwd_cum: np.ndarray = field(init=False, repr=False)
     _saved_cum: np.ndarray = field(init=False, repr=False)
@@ -104,26 +108,46 @@ class CostModel:
                     field="profile",
                 )
 
-    def layer_costs(self, gpu: GpuType, mbs: int, recompute: bool | None = None) -> LayerCosts:
-        """Memoized per (GPU type, micro-batch size, recomputation); `recompute` None: the
-        TrainSpec's (a stage's own flag overrides it, `StagePlan.recomputes`)."""
+    def layer_costs(
+        self,
+        gpu: GpuType,
+        mbs: int,
+        recompute: bool | None = None,
+        tp: int = 1,
+        tp_link: Link | None = None,
+    ) -> LayerCosts:
+        """Memoized per (GPU type, micro-batch size, recomputation, TP degree and link);
+        `recompute` None: the TrainSpec's (a stage's own flag overrides it,
+        `StagePlan.recomputes`). `tp` > 1: one rank of a tensor-parallel group whose
+        all-reduces cross `tp_link` (None: the fastest fabric of a node of this type,
+        `cost.comm.tp_link`)."""
         recompute = self.train.recompute if recompute is None else recompute
-        key = (gpu.name.lower(), mbs, recompute)
+        if tp > 1 and tp_link is None:
+            tp_link = tp_link_for_type(self.cluster, gpu.name)
+        key = (gpu.name.lower(), mbs, recompute, tp, tp_link if tp > 1 else None)
         if key not in self._cache:
-            self._cache[key] = self._build(gpu, mbs, recompute)
+            self._cache[key] = self._build(gpu, mbs, recompute, tp, tp_link)
         return self._cache[key]
 
-    def _build(self, gpu: GpuType, mbs: int, recompute: bool) -> LayerCosts:
+    def _build(
+        self, gpu: GpuType, mbs: int, recompute: bool, tp: int, tp_link: Link | None
+    ) -> LayerCosts:
         layers = self.model.layers
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
         fwd, bwd, saved, full = [], [], [], []
         for layer in layers:
+            split = tp if layer.kind == "block" else 1  # `cost.tp`: blocks only
             if table is not None:
-                f, b, act = table.lookup(gpu.name, layer.kind, mbs)
+                f, b, _ = table.lookup(gpu.name, layer.kind, mbs / split)
+                act = table.lookup(gpu.name, layer.kind, mbs)[2]
             else:
-                f, b = estimate_layer(layer, self.model, mbs, gpu, self.calibration)
+                f, b = estimate_layer(layer, self.model, mbs / split, gpu, self.calibration)
                 act = layer.saved_bytes_per_sample * mbs
+            if split > 1:
+                comm = tp_allreduce_s(layer.send_bytes_per_sample * mbs, split, tp_link)
+                f, b = f + comm, b + comm
+                act = tp_saved_bytes(act, layer.saved_bytes_whole_under_tp_per_sample * mbs, split)
             # The runtime recomputes transformer blocks only (runtime/recompute.py): the
             # embedding and the head keep their activations and run forward once.
             again = recompute and layer.kind == "block"
@@ -140,4 +164,5 @@ class CostModel:
             peak_extra_bytes=np.array(full, dtype=float),
             send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),
             source="measured" if measured else "estimated",
+            tp=tp,
         )

@@ -10,7 +10,13 @@ from typing import NamedTuple
 import numpy as np
 
 from hetpp.cost.compute import LayerCosts
-from hetpp.cost.params import replicated_params, stage_params, stepped_params, tied_copy_params
+from hetpp.cost.params import (
+    block_param_share,
+    replicated_params,
+    stage_params,
+    stepped_params,
+    tied_copy_params,
+)
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.trainspec import TrainSpec
 
@@ -88,7 +94,7 @@ def stage_memory(
     """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step,
     `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer state sharded
     `shards` ways (`optimizer_bytes`)."""
-    n = stage_params(model, start, end)
+    n = stage_params(model, start, end, costs.tp)
     inp, out = (float(x[i]) for x, i in zip(_boundary_bytes(costs), (start, end)))
     held = costs.saved(start, end) + out - inp
     return StageMemory(
@@ -118,7 +124,8 @@ class MemoryParts(NamedTuple):
 def stage_memory_parts(model: ModelSpec, train: TrainSpec, costs: LayerCosts) -> MemoryParts:
     """`stage_memory` for every layer range at once, for planners that try many splits."""
     num = len(model.layers)
-    params = np.concatenate([[0], np.cumsum([x.stored_params for x in model.layers])])
+    stored = np.array([x.stored_params for x in model.layers]) * block_param_share(model, costs.tp)
+    params = np.concatenate([[0], np.cumsum(stored)])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
     inp, out = _boundary_bytes(costs)

@@ -3,7 +3,12 @@
 A model whose head reuses the embedding matrix (`stored_params > params` on the last layer)
 keeps a copy of that matrix wherever the head lives. The copy is stored and stepped like any
 weight, but its gradient is summed through its own bucket (the block buckets carry `params`),
-and a stage holding both ends of the model keeps one tensor for both."""
+and a stage holding both ends of the model keeps one tensor for both.
+
+Tensor parallelism over k devices splits each transformer block's parameters k ways (column and
+row shards; the few norm weights and row-parallel biases, which every rank keeps whole, are
+counted as split: under 0.1% of a block). The embedding and the head stay whole on every rank of
+the group, so `tp` divides the block parameters only."""
 
 from __future__ import annotations
 
@@ -20,9 +25,17 @@ def tied_copy_params(model: ModelSpec) -> int:
     return last.stored_params - last.params
 
 
-def stage_params(model: ModelSpec, start: int, end: int) -> int:
-    """Parameters stored by a stage holding layers [start, end)."""
-    total = sum(x.stored_params for x in model.layers[start:end])
+def block_param_share(model: ModelSpec, tp: int) -> np.ndarray:
+    """Per layer, the share of its parameters one rank of a TP group of `tp` devices holds
+    (1/tp for blocks, 1 for the embedding and the head)."""
+    return np.array([1.0 / tp if x.kind == "block" else 1.0 for x in model.layers])
+
+
+def stage_params(model: ModelSpec, start: int, end: int, tp: int = 1) -> float:
+    """Parameters stored by one device of a stage holding layers [start, end) over `tp`
+    tensor-parallel devices."""
+    share = block_param_share(model, tp)
+    total = sum(x.stored_params * float(share[x.index]) for x in model.layers[start:end])
     if start == 0 and end == len(model.layers):
         total -= tied_copy_params(model)
     return total
@@ -57,12 +70,23 @@ class ParamSums:
     def _own_cum(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([x.params for x in self.model.layers])])
 
-    def stored(self, a: int, b: int) -> float:
-        """Parameters a stage holding [a, b) stores (what its optimizer steps)."""
-        if (a, b) == (0, len(self.model.layers)):
-            return stage_params(self.model, a, b)
-        return float(self._stored_cum[b] - self._stored_cum[a])
+    @cached_property
+    def _block_cum(self) -> np.ndarray:
+        blocks = [x.params if x.kind == "block" else 0 for x in self.model.layers]
+        return np.concatenate([[0], np.cumsum(blocks)])
 
-    def synced(self, a: int, b: int) -> float:
-        """Parameters of [a, b) whose gradients the block all-reduce sums."""
-        return float(self._own_cum[b] - self._own_cum[a])
+    def _split_off(self, a: int, b: int, tp: int) -> float:
+        """Block parameters of [a, b) a TP rank does not hold (tp - 1 of every tp)."""
+        return float(self._block_cum[b] - self._block_cum[a]) * (1 - 1 / tp)
+
+    def stored(self, a: int, b: int, tp: int = 1) -> float:
+        """Parameters one device of a stage holding [a, b) over `tp` devices stores (what its
+        optimizer steps)."""
+        if (a, b) == (0, len(self.model.layers)):
+            return stage_params(self.model, a, b, tp)
+        return float(self._stored_cum[b] - self._stored_cum[a]) - self._split_off(a, b, tp)
+
+    def synced(self, a: int, b: int, tp: int = 1) -> float:
+        """Parameters of [a, b) whose gradients one device's block all-reduce sums, when the
+        least TP degree among the block's owners is `tp` (each rank syncs its shard)."""
+        return float(self._own_cum[b] - self._own_cum[a]) - self._split_off(a, b, tp)

@@ -6,15 +6,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
-from hetpp.cost.compute import CostModel
+from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
 from hetpp.cost.memory import StageMemory, device_memory, stage_memory
-from hetpp.cost.params import replicated_params, stage_params, stepped_params, tied_copy_params
+from hetpp.cost.params import (
+    ParamSums,
+    replicated_params,
+    stage_params,
+    stepped_params,
+    tied_copy_params,
+)
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, Plan, grad_buckets
+from hetpp.specs.plan import Estimate, Plan, StagePlan, grad_buckets
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class StageCost:
     capacity_bytes: float
     done_s: float
     """When the stage finishes its last backward."""
+    tp: int = 1
+    """The stage's tensor-parallel degree: each of its ranks holds 1/tp of its blocks."""
 
     @property
     def fits(self) -> bool:
@@ -99,6 +107,16 @@ def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
     return CostModel(model, plan.train, plan.cluster, profiles)
 
 
+def stage_layer_costs(
+    cm: CostModel, st: StagePlan, mbs: int, recompute: bool | None = None
+) -> LayerCosts:
+    """Layer costs of one rank of a plan's stage: its GPU type, its TP degree over its group's
+    own link, its recomputation flag unless `recompute` says otherwise."""
+    recompute = st.recomputes(cm.train) if recompute is None else recompute
+    link = group_link(cm.cluster, st.devices) if st.tp > 1 else None
+    return cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute, st.tp, link)
+
+
 def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]]:
     """Per-stage costs of every pipeline, and each pipeline's time (a fully sharded plan:
     each device's own time, `cost.fsdp`)."""
@@ -107,10 +125,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     cluster, train = cm.cluster, cm.train
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
-        costs = [
-            cm.layer_costs(cluster.gpu(st.device), pipe.micro_batch_size, st.recomputes(train))
-            for st in pipe.stages
-        ]
+        costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
         bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
         links = [
             p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
@@ -156,6 +171,7 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
                     mem,
                     costs[s].gpu.memory_bytes,
                     done[s],
+                    st.tp,
                 )
             )
         times.append(total)
@@ -220,9 +236,18 @@ def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[Syn
 
 
 def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float]]:
-    """(owners, blocks, parameters whose gradients it sums) of every bucket, in order."""
+    """(owners, blocks, parameters whose gradients one owner's rank sums) of every bucket, in
+    order. Owners of a TP stage stand for their group: each rank sums its shard with the matching
+    shards of the other pipelines, in parallel, so a bucket takes as long as the owner with the
+    least TP degree needs for its share (`ParamSums.synced`)."""
+    sums = ParamSums(cm.model)
+    tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
     return [
-        (owners, tuple(blocks), sum(sum(x.params for x in cm.model.layers[a:b]) for a, b in blocks))
+        (
+            owners,
+            tuple(blocks),
+            sum(sums.synced(a, b, min(tp[o] for o in owners)) for a, b in blocks),
+        )
         for owners, blocks in grad_buckets(plan)
     ]
 
@@ -320,7 +345,7 @@ def device_optimizer_time_s(cm: CostModel, stages: Sequence[StageCost], shards: 
     stepped = 0.0
     for st in stages:
         a, b = st.layers
-        n = stage_params(cm.model, a, b)
+        n = stage_params(cm.model, a, b, st.tp)
         stepped += stepped_params(n, replicated_params(cm.model, a, b), shards)
     bw = cm.cluster.gpu(stages[0].device).mem_bw_bytes_per_s
     return optimizer_step_s(state_bytes(stepped, cm.train), bw)

@@ -19,6 +19,7 @@ from hetpp.planner.oracle import search_oracle
 from hetpp.planner.problem import Problem, physical_limit_samples_per_s
 from hetpp.planner.search import Progress, search_hpp
 from hetpp.planner.sharding import search_with_sharding
+from hetpp.planner.tp import search_tp
 from hetpp.specs.errors import SpecError
 
 Strategy = Callable[[Problem, Progress | None], PlanResult]
@@ -61,8 +62,9 @@ def plan(
     time_limit_s: float | None = None,
 ) -> PlanResult:
     """Run one strategy (or `best`: every family) on a problem, over the sharding choices
-    `problem.sharding_mode` allows (`planner.sharding`); `time_limit_s` (hpp and best) returns
-    the best plan found by then."""
+    `problem.sharding_mode` allows (`planner.sharding`) and, when `problem.tp_search`, the TP
+    degree assignments (`planner.tp`); `time_limit_s` (hpp and best) returns the best plan found
+    by then (per TP degree assignment)."""
     if strategy != BEST and strategy not in STRATEGIES:
         raise SpecError(
             f"unknown strategy {strategy!r}; expected one of {BEST}, {', '.join(STRATEGIES)}"
@@ -74,6 +76,8 @@ def plan(
         )
 
     def run(p: Problem, limit_s: float | None) -> PlanResult:
+        if p.tp_search:
+            return search_tp(p, lambda q: run(q, limit_s))
         if strategy == BEST:
             return search_best(p, progress, limit_s)
         if limit_s is not None:

@@ -22,7 +22,8 @@ from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
 @dataclass(frozen=True)
 class Pipe:
-    """One concrete pipeline: a device per stage and the layer cut points."""
+    """One concrete pipeline: a unit per stage (a device, or a TP group's lead device) and the
+    layer cut points."""
 
     devices: tuple[int, ...]
     bounds: tuple[int, ...]
@@ -75,7 +76,7 @@ def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Pipel
     """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
     cm = problem.cost_model(recompute)
     cl = problem.cluster
-    costs = [cm.layer_costs(cl.gpu(d), mbs) for d in pipe.devices]
+    costs = [cm.layer_costs(cl.gpu(d), mbs, tp=problem.tp_of(d)) for d in pipe.devices]
     links = [p2p_link(cl, d, nxt) for d, nxt in zip(pipe.devices, pipe.devices[1:])]
     fwd, bwd, comm = stage_times(costs, pipe.bounds, links)
     fill, beat = fill_and_beat(fwd, bwd, comm, problem.schedule)
@@ -129,7 +130,7 @@ def build_plan(
     pipelines = tuple(
         PipelinePlan(
             stages=tuple(
-                StagePlan(devices=(d,), layers=(a, b))
+                StagePlan(devices=problem.group_of(d), layers=(a, b))
                 for d, (a, b) in zip(p.devices, itertools.pairwise(p.bounds))
             ),
             micro_batch_size=mbs,

@@ -39,7 +39,8 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
     """Identical pipelines in device-id order, equal layers, equal batch."""
     t0 = time.perf_counter()
     ws = ws or Workspace(problem)
-    n, layers = problem.cluster.num_devices, problem.layer_list_len
+    units, layers = problem.units, problem.layer_list_len
+    n = len(units)
     cands: list[Draft] = []
     for rc, mbs in _settings(problem, ws):
         if cands and ideal_time_bound(problem, rc, mbs) >= min(c.estimate_s for c in cands):
@@ -53,7 +54,7 @@ def uniform(problem: Problem, ws: Workspace | None = None) -> PlanResult:
             if not p or total // p < lo:
                 continue
             bounds = equal_bounds(layers, depth)
-            pipes = [Pipe(tuple(s * p + q for s in range(depth)), bounds) for q in range(p)]
+            pipes = [Pipe(tuple(units[s * p + q] for s in range(depth)), bounds) for q in range(p)]
             est = _equal_batch_time(ctx, pipes, total // p)
             if est is not None:
                 cands.append(Draft(est, rc, mbs, pipes, [total // p] * p))

@@ -26,7 +26,7 @@ def ideal_time_bound(problem: Problem, recompute: bool, mbs: int) -> float:
     cm = problem.cost_model(recompute)
     fractions, per_layer, rate = [], [], 0.0
     for pool in problem.pools.values():
-        costs = cm.layer_costs(pool.gpu, mbs)
+        costs = cm.layer_costs(pool.gpu, mbs, tp=pool.tp)
         per_layer.append(costs.fwd_s + costs.bwd_s)
         whole = float(per_layer[-1].sum())
         fractions.append(per_layer[-1] / whole)
@@ -37,16 +37,17 @@ def ideal_time_bound(problem: Problem, recompute: bool, mbs: int) -> float:
     # once, on the fastest type per layer; it can gain back at most one micro-batch for it.
     fill = float(np.min(per_layer, axis=0).sum())
     pipelines = min(
-        problem.cluster.num_devices // least_stages(problem, recompute, mbs),
+        len(problem.units) // least_stages(problem, recompute, mbs),
         problem.micro_batches(mbs),
     )
     return max(problem.global_batch / rate, fill + (problem.global_batch - pipelines * mbs) / rate)
 
 
 def least_stages(problem: Problem, recompute: bool, mbs: int) -> int:
-    """Fewest devices any pipeline needs: the model's weights, gradients and optimizer state
-    over the largest usable device memory (activations would only add)."""
+    """Fewest units (devices, or TP groups) any pipeline needs: the model's weights, gradients
+    and optimizer state over the largest usable unit memory (activations would only add; a TP
+    group of k holds at most k devices' worth)."""
     cm = problem.cost_model(recompute)
-    largest = max(p.gpu.memory_bytes for p in problem.pools.values())
+    largest = max(p.gpu.memory_bytes * p.tp for p in problem.pools.values())
     need = devices_to_hold(model_state_bytes(cm.model, cm.train), largest, cm.train)
-    return problem.cluster.num_devices + 1 if need is None else need
+    return len(problem.units) + 1 if need is None else need

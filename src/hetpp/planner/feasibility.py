@@ -25,7 +25,7 @@ def explain_infeasible(problem: Problem, note: str = "") -> str:
     train = cm.train
     biggest = max(problem.pools.values(), key=lambda p: p.gpu.memory_bytes)
     setting = f"micro-batch size {mbs}" + (", with recomputation" if recompute else "")
-    tables = stage_tables(cm, cm.layer_costs(biggest.gpu, mbs))
+    tables = stage_tables(cm, cm.layer_costs(biggest.gpu, mbs, tp=biggest.tp))
     need = [
         (tables.memory(i, i + 1, (1, 1)), layer.kind) for i, layer in enumerate(cm.model.layers)
     ]

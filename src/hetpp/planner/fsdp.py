@@ -31,6 +31,8 @@ ALL_SUBSETS = 4
 def search_fsdp(problem: Problem) -> PlanResult:
     """The fastest fully sharded plan, or why there is none."""
     t0 = time.perf_counter()
+    if problem.has_tp:  # the TP search's all-ones assignment plans FSDP (`planner.tp`)
+        return PlanResult("fsdp", None, None, 0.0, "FSDP plans have no tensor-parallel stages")
     best: tuple[Plan, StepCost] | None = None
     for pools in _type_sets(problem):
         ids = sorted(d for pool in pools for node in pool.nodes for d in node)

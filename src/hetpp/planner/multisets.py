@@ -112,14 +112,17 @@ def lower_bounds(ctx: ShapeContext, templates: list[TemplateCost], sets: list[Mu
 
 def _optimizer_and_first_sync(ctx: ShapeContext, t: TemplateCost) -> tuple[float, float, float]:
     """(largest optimizer step of a stage, that of stage 0, gradients stage 0 all-reduces)."""
+    pools = ctx.problem.pools
     opts = [
         optimizer_step_s(
-            state_bytes(ctx.params.stored(a, b), ctx.cm.train),
-            ctx.problem.pools[k].gpu.mem_bw_bytes_per_s,
+            state_bytes(ctx.params.stored(a, b, pools[k].tp), ctx.cm.train),
+            pools[k].gpu.mem_bw_bytes_per_s,
         )
         for k, (a, b) in zip(t.stage_keys, itertools.pairwise(t.bounds))
     ]
-    return max(opts), opts[0], ctx.params.synced(0, t.bounds[1])
+    # a lower bound: the largest degree any type has shrinks the first stage's share the most
+    most = max(p.tp for p in pools.values())
+    return max(opts), opts[0], ctx.params.synced(0, t.bounds[1], most)
 
 
 def branch_and_bound(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -33,6 +34,9 @@ class TypePool:
     """Largest node of this type (the best case for keeping a pipeline inside one node)."""
     intra_bw_bytes_per_s: float
     """Fastest intra-node link among this type's nodes."""
+    tp: int = 1
+    """Tensor-parallel degree: the planner's unit of this type is a group of `tp` devices of
+    one node, named by its lead device (`nodes` and `gpus_per_node` count groups)."""
 
     @property
     def count(self) -> int:
@@ -68,6 +72,11 @@ class Problem:
     """Multi-chunk schedules (interleaved, V) the planner may give a pipeline in place of the
     plan's (`hetpp.planner.schedules`); None: those the runtime executes
     (`ScheduleSpec.executable`)."""
+    tp_degrees: Mapping[str, int] = field(default_factory=dict)
+    """Tensor-parallel degree per GPU type key (missing: 1). Every stage of that type is a TP
+    group of that many devices of one node (`planner.tp` searches these)."""
+    tp_search: bool = False
+    """Search a TP degree per GPU type (`planner.tp`); False: plan with `tp_degrees` as given."""
     _cms: dict[tuple[bool, int], CostModel] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +90,12 @@ class Problem:
                 "(--try-schedules)",
                 field="schedule",
             )
+        if self.sharding_mode != "none" and (self.tp_search or self.has_tp):
+            raise SpecError(
+                "tensor parallelism is not combined with optimizer sharding (the runtime shards "
+                "no DTensor); plan with --sharding none or --tp off",
+                field="sharding",
+            )
         for name in self.schedules or ():
             if name not in SCHEDULES or SCHEDULES[name].placement == "one":
                 raise SpecError(
@@ -88,6 +103,11 @@ class Problem:
                     f"{', '.join(n for n, s in SCHEDULES.items() if s.placement != 'one')}",
                     field="schedules",
                 )
+
+    @property
+    def has_tp(self) -> bool:
+        """Whether some GPU type's stages are TP groups (`tp_degrees`)."""
+        return any(k > 1 for k in self.tp_degrees.values())
 
     @property
     def global_batch(self) -> int:
@@ -108,7 +128,10 @@ class Problem:
 
     @property
     def chunked_schedules(self) -> tuple[str, ...]:
-        """The multi-chunk schedules this problem's pipelines may run."""
+        """The multi-chunk schedules this problem's pipelines may run (none with TP stages: a
+        TP group runs one stage, `specs.plan`)."""
+        if self.has_tp:
+            return ()
         if self.schedules is not None:
             return self.schedules
         return tuple(n for n, s in SCHEDULES.items() if s.placement != "one" and s.executable)
@@ -150,16 +173,40 @@ class Problem:
             group = self.cluster.nodes[d.group]
             size[key] = max(size.get(key, 0), group.gpus_per_node)
             bw[key] = max(bw.get(key, 0.0), group.intra_node_GBps * 1e9)
-        return {
-            k: TypePool(
+        unknown = sorted(set(self.tp_degrees) - set(nodes))
+        if unknown:
+            raise SpecError(f"GPU types {unknown} are not in the cluster", field="tp_degrees")
+        pools = {}
+        for k, by_node in nodes.items():
+            tp = self.tp_degrees.get(k, 1)
+            if tp < 1 or tp > size[k]:
+                raise SpecError(
+                    f"{k}: tensor-parallel degree {tp}; expected 1..{size[k]} (one node)",
+                    field="tp_degrees",
+                )
+            pools[k] = TypePool(
                 key=k,
                 gpu=self.cluster.type_table[k],
-                nodes=tuple(tuple(v) for v in by_node.values()),
-                gpus_per_node=size[k],
+                # leads of whole groups of `tp` (ids are consecutive inside a node)
+                nodes=tuple(tuple(v[: len(v) - len(v) % tp : tp]) for v in by_node.values()),
+                gpus_per_node=size[k] // tp,
                 intra_bw_bytes_per_s=bw[k],
+                tp=tp,
             )
-            for k, by_node in nodes.items()
-        }
+        return pools
+
+    def tp_of(self, device: int) -> int:
+        """The TP degree of the planner's unit led by `device`."""
+        return self.pools[self.cluster.gpu(device).name.lower()].tp
+
+    def group_of(self, device: int) -> tuple[int, ...]:
+        """The devices of the unit led by `device` (itself without TP)."""
+        return tuple(range(device, device + self.tp_of(device)))
+
+    @property
+    def units(self) -> list[int]:
+        """Lead device of every unit, in device order (every device without TP)."""
+        return sorted(d for pool in self.pools.values() for n in pool.nodes for d in n)
 
     @property
     def type_keys(self) -> list[str]:
@@ -186,9 +233,7 @@ def physical_limit_samples_per_s(problem: Problem) -> float:
     cm = problem.cost_model(False)
     rate = 0.0
     for pool in problem.pools.values():
-        per_sample = min(
-            (cm.layer_costs(pool.gpu, b).fwd_cum[-1] + cm.layer_costs(pool.gpu, b).bwd_cum[-1]) / b
-            for b in problem.micro_batch_sizes
-        )
+        costs = [(b, cm.layer_costs(pool.gpu, b, tp=pool.tp)) for b in problem.micro_batch_sizes]
+        per_sample = min((c.fwd_cum[-1] + c.bwd_cum[-1]) / b for b, c in costs)
         rate += pool.count / per_sample
     return rate

@@ -10,6 +10,7 @@ so the plan's speed can only improve; the batch split is kept as the search made
 from __future__ import annotations
 
 from hetpp.cost.memory import stage_memory
+from hetpp.cost.step import stage_layer_costs
 from hetpp.planner.problem import Problem
 from hetpp.specs.plan import Plan
 
@@ -28,7 +29,7 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
         stages = []
         for s, st in enumerate(pipe.stages):
             gpu = cluster.gpu(st.device)
-            costs = cm.layer_costs(gpu, pipe.micro_batch_size, recompute=False)
+            costs = stage_layer_costs(cm, st, pipe.micro_batch_size, recompute=False)
             m = pipe.num_micro_batches
             k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), m)
             mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, m, plan.optimizer_shards)

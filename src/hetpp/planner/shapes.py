@@ -111,8 +111,9 @@ class ShapeContext:
     def tables(self, key: str) -> StageTables:
         """Range tables of one GPU type at this micro-batch size."""
         if key not in self._tables:
-            gpu = self.problem.pools[key].gpu
-            self._tables[key] = stage_tables(self.cm, self.cm.layer_costs(gpu, self.mbs))
+            pool = self.problem.pools[key]
+            costs = self.cm.layer_costs(pool.gpu, self.mbs, tp=pool.tp)
+            self._tables[key] = stage_tables(self.cm, costs)
         return self._tables[key]
 
     def template(self, runs: Runs, forced: tuple[int, ...] = ()) -> TemplateCost | None:
@@ -225,8 +226,9 @@ class ShapeContext:
             self.problem.num_nodes > 1,
         )
         spans = list(itertools.pairwise(bounds))
-        grads = np.array([self.params.synced(a, b) for a, b in spans])
-        stored = np.array([self.params.stored(a, b) for a, b in spans])
+        tps = [pools[k].tp for k in keys]  # each TP rank syncs and steps its shard
+        grads = np.array([self.params.synced(a, b, t) for (a, b), t in zip(spans, tps)])
+        stored = np.array([self.params.stored(a, b, t) for (a, b), t in zip(spans, tps)])
         sync = allreduce_time_s(grads * train.grad_bytes_per_param, replicas, link)
         bw = np.array([pools[k].gpu.mem_bw_bytes_per_s for k in keys])
         opt = optimizer_step_s(state_bytes(stored, train), bw)

@@ -37,10 +37,13 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     cuts = sorted({c for t, _ in layout for c in t.bounds})
     stage = [np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout]
     buckets: dict[tuple[int, ...], list[float]] = {}  # owners -> [params, last block start]
+    pools = ctx.problem.pools
     for j, (a, b) in enumerate(itertools.pairwise(cuts)):
         owners = tuple(int(x[j]) for x in stage)
         entry = buckets.setdefault(owners, [0.0, 0])
-        entry[0] += ctx.params.synced(a, b)
+        # each TP rank syncs its shard: the owner of least degree sets the bucket's size
+        tp = min(pools[t.stage_keys[s]].tp for (t, _), s in zip(layout, owners))
+        entry[0] += ctx.params.synced(a, b, tp)
         entry[1] = a
     # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket. Sharded
     # (the search's `optimizer_shards`): a reduce-scatter each, an all-gather after the step.

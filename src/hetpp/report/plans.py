@@ -24,19 +24,19 @@ def plan_table(problem: Problem, result: PlanResult) -> Table:
         f"global batch {plan.global_batch} x {plan.seq_len} tokens",
         caption="identical pipelines share rows: pipes = how many, batch = each one's share",
     )
-    cols = ("pipes", "schedule", "stage", "GPU", "devices", "layers", "mbs x m", "batch")
+    cols = ("pipes", "schedule", "stage", "GPU", "TP", "devices", "layers", "mbs x m", "batch")
     for col in (*cols, "free mem"):
-        right = col in ("pipes", "stage", "batch", "free mem")
+        right = col in ("pipes", "stage", "TP", "batch", "free mem")
         table.add_column(col, justify="right" if right else "left", no_wrap=True, min_width=4)
     costs = {(s.pipeline, s.stage): s for s in step.stages}
     memories = device_memories(step.stages)
     groups: dict[tuple, list[int]] = {}
     for p, pipe in enumerate(plan.pipelines):
-        shape = tuple((cl.gpu(st.device).name, st.layers) for st in pipe.stages)
+        shape = tuple((cl.gpu(st.device).name, st.tp, st.layers) for st in pipe.stages)
         key = (shape, pipe.micro_batch_size, pipe.num_micro_batches, pipeline_schedule(plan, p))
         groups.setdefault(key, []).append(p)
     for (shape, mbs, m, schedule), members in groups.items():
-        for s, (gpu, layers) in enumerate(shape):
+        for s, (gpu, tp, layers) in enumerate(shape):
             # free memory per device: a device running several stages holds them all
             free = min(costs[(p, s)].capacity_bytes - memories[costs[(p, s)].device][0].total
                        for p in members)  # fmt: skip
@@ -46,7 +46,8 @@ def plan_table(problem: Problem, result: PlanResult) -> Table:
                 schedule if first else "",
                 str(s),
                 gpu,
-                _brief(sorted(plan.pipelines[p].stages[s].device for p in members)),
+                str(tp),
+                _brief(sorted(d for p in members for d in plan.pipelines[p].stages[s].devices)),
                 f"[{layers[0]}, {layers[1]})",
                 f"{mbs} x {m}" if first else "",
                 str(mbs * m) if first else "",

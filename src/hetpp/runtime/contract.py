@@ -23,8 +23,10 @@ REDUCE_BYTES = (2, 4)
 def check_executable(plan: Plan, fp64: bool = False) -> None:
     """Raise SpecError naming the first plan field the runtime cannot execute as written. The
     plan's own validation already limits the schedule to the registry (each entry names the torch
-    class the runtime runs and whether the runtime executes it) and a stage to one device."""
+    class the runtime runs and whether the runtime executes it); a TP stage runs one stage per
+    device."""
     train = plan.train
+    _check_tp(plan)
     if plan.sharding == "full" and train.precision == "fp16":
         raise SpecError(
             "fp16 (dynamic loss scaling) is not built for sharding 'full'; use bf16 or fp32",
@@ -66,6 +68,42 @@ def _check_schedule(plan: Plan, p: int) -> None:
         )
 
 
+def _check_tp(plan: Plan) -> None:
+    """TP stages the runtime runs: one degree per pipeline (rank j of every TP group of a
+    pipeline runs its schedule together, as torchtitan combines PP and TP), a power of two
+    (gradient pieces over owners of different degrees must nest, `gradsync`), unsharded and
+    one stage per device (the plan check refuses TP under multi-chunk schedules)."""
+    if plan.sharding != "none" and any(pipe.has_tp for pipe in plan.pipelines):
+        raise SpecError(
+            f"sharding {plan.sharding!r} with tensor-parallel stages: the runtime does not shard "
+            "TP (DTensor) parameters yet; use sharding 'none'",
+            field="sharding",
+        )
+    for p, pipe in enumerate(plan.pipelines):
+        degrees = sorted({st.tp for st in pipe.stages})
+        if len(degrees) > 1:
+            raise SpecError(
+                f"TP degrees {degrees} in one pipeline: the runtime runs one degree per "
+                "pipeline (other pipelines may have another, or none)",
+                field=f"pipelines[{p}].stages",
+            )
+        k = degrees[0]
+        if k & (k - 1):
+            raise SpecError(
+                f"a TP degree of {k}: the runtime runs powers of two",
+                field=f"pipelines[{p}].stages[0].devices",
+            )
+
+
+def check_tp_options(plan: Plan, checkpoint: bool, memory_report: bool) -> None:
+    """What the runtime does not do with TP stages yet: checkpoints (full tensors would be
+    gathered per layer; not built) and the memory report."""
+    if any(pipe.has_tp for pipe in plan.pipelines):
+        for flag, on in (("--checkpoint-dir", checkpoint), ("--memory-report", memory_report)):
+            if on:
+                raise SpecError(f"{flag} is not supported with tensor-parallel stages yet")
+
+
 def describe(plan: Plan, precision: str) -> list[str]:
     """What the runtime executes of `plan`, as rank 0 prints it before the first step;
     `precision` says how the plan's precision runs (`Precision.describe`)."""
@@ -84,10 +122,11 @@ def describe(plan: Plan, precision: str) -> list[str]:
         )
     for p, pipe in enumerate(plan.pipelines):
         spans = ", ".join(f"[{a}, {b})" for a, b in (st.layers for st in pipe.stages))
+        devices = [st.devices if st.tp > 1 else st.device for st in pipe.stages]  # TP: groups
         again = [s for s, st in enumerate(pipe.stages) if st.recomputes(plan.train)]
         own = pipe.schedule_in(plan.train).name
         lines.append(
-            f"  pipeline {p}: devices {pipe.devices}, layers {spans}, batch {pipe.batch} "
+            f"  pipeline {p}: devices {devices}, layers {spans}, batch {pipe.batch} "
             f"({pipe.num_micro_batches} x {pipe.micro_batch_size}), recompute "
             + (f"stages {again}" if again else "off")
             + (f", schedule {own}" if own != plan.schedule else "")

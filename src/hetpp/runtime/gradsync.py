@@ -27,6 +27,15 @@ reduce-scattered instead: every owner keeps the summed gradient of its shard onl
 optimizer to step; the all-gather of the updated parameters follows the optimizer step
 (`ShardedStep.gather`).
 
+Tensor parallelism: a TP rank's bucket holds its shards. A bucket's sharded gradients are cut
+into K pieces, K the largest TP degree among its owners (powers of two), and piece i is
+all-reduced over the one rank of each owner group that holds it (`RankMap.piece_groups`): the
+same elements summed over the same pipelines as without TP, so the result is exact whatever the
+degrees (a degree-1 owner takes part in all K). The fused q/k/v rows are matched by their place
+in the unsharded matrix (`tp.qkv_rows`). Parameters every TP rank holds whole (norms, row-parallel
+biases, embedding, head) have equal gradients on the ranks of a group: each rank sends 1/k of
+them (exact: k is a power of two) in one all-reduce over every rank of the owner groups.
+
 A tied weight is not in any bucket: every rank that holds it (the embedding's and the head's ranks
 of all pipelines) sums its gradient once, after backward, which adds the embedding's and the head's
 contributions together.
@@ -45,6 +54,21 @@ from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import RankModel
 from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
 from hetpp.runtime.shard import BucketShard, ShardedStep
+from hetpp.runtime.tp import local_tensor, qkv_piece_rows, shard_dims
+
+Slice = tuple[torch.Tensor, int, torch.Tensor | None]
+"""(gradient tensor, dim, indices along dim; None: the whole tensor) that a part reduces."""
+
+
+@dataclass
+class Part:
+    """One all-reduce of a bucket: some slices of its gradients, flattened, over one group."""
+
+    slices: list[Slice]
+    ranks: tuple[int, ...]
+    scale: float = 1.0
+    flat: torch.Tensor | None = None
+    work: dist.Work | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -57,13 +81,17 @@ class Bucket:
     """Layer ranges of the merged blocks."""
     params: list[torch.nn.Parameter]
     """This rank's parameters of those layers, in layer order (the same order on every owner)."""
+    pieces: tuple[tuple[int, ...], ...] = ()
+    """Ranks holding each piece of the sharded gradients (`RankMap.piece_groups`)."""
     waiting: int = 0
     """Parameters whose final gradient has not arrived yet in this step."""
     shard: BucketShard | None = None
     """Sharded: the bucket's flat layout over its owners and this rank's pieces."""
     flat: torch.Tensor | None = None
-    """In flight: the flat sum (sharded: this rank's shard of it)."""
+    """Sharded, in flight: this rank's shard of the flat sum."""
     work: dist.Work | None = field(default=None, repr=False)
+    parts: list[Part] = field(default_factory=list)
+    """In flight, unsharded: this rank's all-reduces of the bucket (one without TP)."""
 
     def describe(self) -> str:
         spans = ", ".join(f"[{a}, {b})" for a, b in self.layers)
@@ -77,28 +105,37 @@ class GradSync:
                  device: torch.device, reduce_dtype: torch.dtype,
                  sharded: bool = False):  # fmt: skip
         self.groups, self.device, self.reduce_dtype = groups, device, reduce_dtype
+        self.ranks, self.role = ranks, ranks.role(rank)
+        tp, index = len(self.role.tp_ranks), self.role.tp_index
+        self.dims: dict[int, int] = {}
+        self.qkv_rows: dict = {}
+        for st in model.stages:  # a TP rank runs one stage; a plain one may run several
+            self.dims.update(shard_dims(st))
+            self.qkv_rows.update(qkv_piece_rows(st, tp, index))
         tied = model.tied_weight()
         self.buckets: list[Bucket] = []
         # Counted once for the norm: a block's grad is the same on all its owners after the sync,
-        # so only pipeline 0's owner adds it in (the tied weight with layer 0).
+        # so only pipeline 0's owner adds it in (the tied weight with layer 0); in a TP group
+        # each rank its shards, rank 0 what every rank holds whole.
         self.norm_params: list[torch.nn.Parameter] = []
         self.stage_params: list[list[tuple[torch.nn.Parameter, Bucket]]] = [
             [] for _ in model.stages
         ]
         """Per local stage: its parameters that are in a bucket, with their bucket."""
         for layers, owners in ranks.buckets:
-            if rank not in owners:
+            if rank not in ranks.union(owners):  # a TP rank: its group owns the bucket
                 continue
             params = [
                 (i, p) for a, b in layers for i in range(a, b) for _, p in model.own_parameters(i)
             ]
-            if owners[0] == rank:
-                self.norm_params += [p for _, p in params]
+            if rank in ranks.role(owners[0]).tp_ranks:  # a TP group counts each shard once
+                lead = self.role.tp_index == 0
+                self.norm_params += [p for _, p in params if lead or id(p) in self.dims]
             params = [(i, p) for i, p in params if p is not tied]
             if len(owners) > 1 and params:  # a bucket can hold just the tied weight: nothing left
                 own = [p for _, p in params]
                 shard = BucketShard(own, owners, rank) if sharded else None
-                bucket = Bucket(owners, layers, own, shard=shard)
+                bucket = Bucket(owners, layers, own, ranks.piece_groups(owners), shard=shard)
                 self.buckets.append(bucket)
                 for i, p in params:
                     stage = model.holder(i)
@@ -125,7 +162,7 @@ class GradSync:
         self.issued = 0
         """Buckets started this step (in `grad_buckets` order)."""
         for b in self.buckets:
-            b.waiting, b.flat, b.work = len(b.params), None, None
+            b.waiting, b.flat, b.work, b.parts = len(b.params), None, None, []
 
     def arm(self, stage: int) -> None:
         """Local stage `stage` starts its last backward of the step: from now on, its parameters'
@@ -159,14 +196,44 @@ class GradSync:
             self.issued += 1
 
     def _start(self, b: Bucket) -> None:
-        group = self.groups.reduce_group(b.owners)
-        if b.shard is not None:
+        if b.shard is not None:  # sharded plans have no TP stages (`runtime/contract.py`)
+            group = self.groups.reduce_group(b.owners)
             flat = b.shard.flat(grads_of(b.params), self.reduce_dtype)
             b.flat = flat.new_empty(b.shard.size)
             b.work = dist.reduce_scatter_single(b.flat, flat, group=group, async_op=True)
             return
-        b.flat = torch.cat([g.reshape(-1) for g in grads_of(b.params)]).to(self.reduce_dtype)
-        b.work = dist.all_reduce(b.flat, group=group, async_op=True)
+        b.parts = self._parts(b)
+        for part in b.parts:
+            flat = torch.cat([_take(s).reshape(-1) for s in part.slices]).to(self.reduce_dtype)
+            part.flat = flat if part.scale == 1.0 else flat * part.scale
+            group = self.groups.reduce_group(part.ranks)
+            part.work = dist.all_reduce(part.flat, group=group, async_op=True)
+
+    def _parts(self, b: Bucket) -> list[Part]:
+        """This rank's all-reduces of bucket `b`, in the one order every rank issues them."""
+        grads = [local_tensor(g) for g in grads_of(b.params)]
+        if len(b.pieces) == 1:
+            return [Part([(g, 0, None) for g in grads], b.owners)]
+        k, j = len(self.role.tp_ranks), self.role.tp_index
+        per = len(b.pieces) // k  # pieces this rank holds: [j * per, (j + 1) * per)
+        sharded = [(p, g) for p, g in zip(b.params, grads) if id(p) in self.dims]
+        whole = [(g, 0, None) for p, g in zip(b.params, grads) if id(p) not in self.dims]
+        parts = [
+            Part([self._piece(p, g, per, c) for p, g in sharded], b.pieces[j * per + c])
+            for c in range(per)
+        ]
+        if whole:
+            parts.append(Part(whole, self.ranks.union(b.owners), 1.0 / k))
+        return parts
+
+    def _piece(self, p: torch.nn.Parameter, g: torch.Tensor, per: int, c: int) -> Slice:
+        """Piece c of `per` of this rank's shard `g` of `p`: a contiguous run along the shard
+        dimension, or for the fused q/k/v the rows the unsharded matrix's piece holds."""
+        dim = self.dims[id(p)]
+        size = g.shape[dim] // per
+        rows = self.qkv_rows.get(id(p))
+        idx = rows(per, c) if rows else torch.arange(c * size, (c + 1) * size)
+        return g, dim, idx.to(g.device)
 
     def sync(self, note: Callable[[str], None]) -> None:
         """Finish the step's reductions: start what backward has not (the tied weight; a bucket
@@ -178,17 +245,22 @@ class GradSync:
         if self.tied is not None:
             group = self.groups.reduce_group(self.tied_holders)
             tied_flat = grads_of([self.tied])[0].to(self.reduce_dtype)  # the grad itself if equal
+            if len(self.role.tp_ranks) > 1:  # each rank of a TP group holds it: 1/k from each
+                tied_flat = tied_flat / len(self.role.tp_ranks)
             tied_work = dist.all_reduce(tied_flat, group=group, async_op=True)
         for b in self.buckets:
             note(b.describe())
-            b.work.wait()
             if b.shard is not None:
+                b.work.wait()
                 b.shard.scatter_grads(b.flat)
                 b.flat = b.work = None
                 continue
-            grads = grads_of(b.params)
-            for g, part in zip(grads, b.flat.split([g.numel() for g in grads])):
-                g.copy_(part.view_as(g))
+            for part in b.parts:
+                part.work.wait()
+                sizes = [_numel(s) for s in part.slices]
+                for sl, chunk in zip(part.slices, part.flat.split(sizes)):
+                    _put(sl, chunk)
+            b.parts = []
         if tied_work is not None:
             note(f"tied-weight sync with ranks {list(self.tied_holders)}")
             tied_work.wait()
@@ -211,3 +283,23 @@ class GradSync:
         scale_grads(stage.parameters(), coef)
         scale_grads(pieces, coef)
         return norm
+
+
+def _take(s: Slice) -> torch.Tensor:
+    g, dim, idx = s
+    return g if idx is None else g.index_select(dim, idx)
+
+
+def _numel(s: Slice) -> int:
+    g, dim, idx = s
+    return g.numel() if idx is None else g.numel() // g.shape[dim] * len(idx)
+
+
+def _put(s: Slice, values: torch.Tensor) -> None:
+    g, dim, idx = s
+    if idx is None:
+        g.copy_(values.view_as(g))
+    else:
+        shape = list(g.shape)
+        shape[dim] = len(idx)
+        g.index_copy_(dim, idx, values.view(shape).to(g.dtype))

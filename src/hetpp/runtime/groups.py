@@ -1,8 +1,12 @@
 """Who runs what: rank <-> plan device, each rank's pipeline and stages, and the process groups.
 
 Ranks are the plan's device ids in increasing order, so a plan over devices 0..N-1 runs rank r on
-device r. `RankMap` works this out once from the plan; everything else asks it. `dist.new_group`
-is collective over the whole world, so every rank creates every group, in one order computed from
+device r. A tensor-parallel stage of k devices is k ranks (its TP group); as torchtitan combines
+PP and TP, rank j of every TP group of a pipeline forms one chain that runs the pipeline schedule
+(each TP rank sends and receives the full, replicated activations of its counterpart), so the
+stages of one pipeline share a degree (`runtime/contract.py`).
+`RankMap` works this out once from the plan; everything else asks it. `dist.new_group` is
+collective over the whole world, so every rank creates every group, in one order computed from
 the plan alone.
 """
 
@@ -45,6 +49,17 @@ class Role:
         """Whether the rank runs the pipeline's last stage (it computes the loss)."""
         return self.stages[-1] == self.num_stages - 1
 
+    tp_ranks: tuple[int, ...]
+    """Ranks of the stage's TP group in group order (this rank alone without TP; a TP rank
+    runs one stage, `runtime/contract.py`)."""
+    chain: tuple[int, ...]
+    """Ranks that run the pipeline schedule with this one, group rank i the pipeline's device i
+    (the pipeline's ranks without TP; with TP, the ranks of the same TP index in every stage)."""
+
+    @property
+    def tp_index(self) -> int:
+        return self.tp_ranks.index(self.rank)
+
 
 BucketRanks = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
 """(layer ranges, owner ranks in pipeline order) of one gradient bucket."""
@@ -67,36 +82,77 @@ class RankMap:
     tied: tuple[int, ...]
     """Ranks holding the embedding or the head of a tied model (each holds the tied weight);
     empty when untied."""
+    tp_groups: tuple[tuple[int, ...], ...]
+    """Every TP group of more than one rank (stage order, pipeline by pipeline)."""
+    chains: tuple[tuple[int, ...], ...]
+    """Every chain of ranks that runs a pipeline schedule (`Role.chain`)."""
 
     @classmethod
     def of(cls, plan: Plan) -> RankMap:
-        devices = tuple(sorted(d for p in plan.pipelines for d in p.devices))
+        devices = tuple(sorted({d for p in plan.pipelines for s in p.stages for d in s.devices}))
         rank = {d: r for r, d in enumerate(devices)}
         owned: dict[int, list[int]] = {}
         for pipe in plan.pipelines:
             for s, st in enumerate(pipe.stages):
-                owned.setdefault(rank[st.device], []).append(s)
+                for d in st.devices:
+                    owned.setdefault(rank[d], []).append(s)
         roles: list[Role | None] = [None] * len(devices)
+        chains = []
         for p, pipe in enumerate(plan.pipelines):
-            for d in pipe.devices:
-                r = rank[d]
-                roles[r] = Role(
-                    rank=r,
-                    device=d,
-                    pipeline=p,
-                    stages=tuple(owned[r]),
-                    num_stages=len(pipe.stages),
-                    layers=tuple(pipe.stages[s].layers for s in owned[r]),
-                )
+            groups = [tuple(rank[d] for d in st.devices) for st in pipe.stages]
+            # chain j: TP rank j of every stage (one degree per pipeline), each rank once
+            mine = [tuple(dict.fromkeys(g[j] for g in groups)) for j in range(len(groups[0]))]
+            chains += mine
+            for chain in mine:
+                for r in chain:
+                    own = owned[r]
+                    roles[r] = Role(
+                        rank=r,
+                        device=devices[r],
+                        pipeline=p,
+                        stages=tuple(own),
+                        num_stages=len(pipe.stages),
+                        layers=tuple(pipe.stages[s].layers for s in own),
+                        tp_ranks=groups[own[0]],
+                        chain=chain,
+                    )
         pipelines = tuple(tuple(rank[d] for d in pipe.devices) for pipe in plan.pipelines)
         buckets = tuple((b.blocks, tuple(rank[d] for d in b.owners)) for b in grad_buckets(plan))
         tied = ()
         if plan.model.tie_embeddings:
-            ends = [(pipe.stages[0].device, pipe.stages[-1].device) for pipe in plan.pipelines]
-            tied = tuple(sorted({rank[d] for pair in ends for d in pair}))
-        return cls(
-            devices=devices, roles=tuple(roles), pipelines=pipelines, buckets=buckets, tied=tied
+            ends = [
+                st.devices for pipe in plan.pipelines for st in (pipe.stages[0], pipe.stages[-1])
+            ]
+            tied = tuple(sorted({rank[d] for group in ends for d in group}))
+        tp_groups = tuple(
+            tuple(rank[d] for d in st.devices)
+            for pipe in plan.pipelines
+            for st in pipe.stages
+            if st.tp > 1
         )
+        return cls(
+            devices=devices,
+            roles=tuple(roles),
+            pipelines=pipelines,
+            buckets=buckets,
+            tied=tied,
+            tp_groups=tp_groups,
+            chains=tuple(chains),
+        )
+
+    def piece_groups(self, owners: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """A bucket over `owners` (lead ranks) whose TP degrees may differ: its sharded
+        gradients cut into K pieces (K the largest degree; degrees are powers of two), piece i
+        held by TP rank i // (K / k) of each owner group of degree k. Returns the ranks holding
+        each piece, one per pipeline: each piece is all-reduced over them (one group when no
+        owner has TP)."""
+        groups = [self.roles[o].tp_ranks for o in owners]
+        most = max(len(g) for g in groups)
+        return tuple(tuple(g[i // (most // len(g))] for g in groups) for i in range(most))
+
+    def union(self, owners: tuple[int, ...]) -> tuple[int, ...]:
+        """Every rank of the owners' TP groups (they all hold the replicated parameters)."""
+        return tuple(sorted(r for o in owners for r in self.roles[o].tp_ranks))
 
     @property
     def world_size(self) -> int:
@@ -116,7 +172,7 @@ def plan_rank(plan: Plan, rank: int, world_size: int) -> int | None:
     device by id, as `hetpp train` starts them), or = the cluster's devices (rank r is cluster
     device r, as `torchrun --nproc-per-node` per node in cluster-file order starts them; a
     device the plan leaves unused gets None)."""
-    devices = sorted(d for p in plan.pipelines for d in p.devices)
+    devices = sorted({d for p in plan.pipelines for s in p.stages for d in s.devices})
     if world_size == len(devices):
         return rank
     if plan.cluster is not None and world_size == plan.cluster.num_devices:
@@ -137,14 +193,24 @@ class Groups:
 
     def __init__(self, ranks: RankMap, rank: int, timeout_s: float):
         timeout = timedelta(seconds=timeout_s)
-        mine = ranks.role(rank).pipeline
-        for p, members in enumerate(ranks.pipelines):
-            # Device i of the pipeline must be group rank i: PipelineStage maps a stage index to
-            # a group rank by the schedule's placement (stage i: i, i mod D, or the V).
+        role = ranks.role(rank)
+        for members in ranks.chains:
+            # Stage i must be group rank i: PipelineStage maps stage index to group rank.
             g = dist.new_group(list(members), timeout=timeout, sort_ranks=False)
-            if p == mine:
+            if members == role.chain:
                 self.pipeline = g
-        sets = [tuple(sorted(owners)) for _, owners in ranks.buckets]
+        self.tp: dist.ProcessGroup | None = None
+        """This rank's TP group (None without TP)."""
+        for members in ranks.tp_groups:
+            g = dist.new_group(list(members), timeout=timeout)
+            if members == role.tp_ranks:
+                self.tp = g
+        sets = []
+        for _, owners in ranks.buckets:
+            pieces = ranks.piece_groups(owners)
+            sets += [tuple(sorted(p)) for p in pieces]
+            if len(pieces) > 1:
+                sets.append(ranks.union(owners))
         sets.append(ranks.tied)
         self._reduce: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for members in dict.fromkeys(s for s in sets if len(s) > 1):

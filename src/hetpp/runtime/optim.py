@@ -10,6 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from hetpp.runtime.options import TrainOptions
+from hetpp.runtime.tp import local_tensor
 
 
 def make_optimizer(
@@ -69,7 +70,7 @@ def squared_norm(params: Iterable[torch.nn.Parameter], device: torch.device) -> 
     add up to the single-process value closely."""
     total = torch.zeros((), dtype=torch.float64, device=device)
     for g in grads_of(params):
-        total += g.detach().double().pow(2).sum()
+        total += local_tensor(g).detach().double().pow(2).sum()  # a TP rank: its shard
     return total
 
 

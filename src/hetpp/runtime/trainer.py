@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed import pipelining
+from torch.distributed.device_mesh import DeviceMesh
 
 from hetpp.runtime import checkpoint
 from hetpp.runtime.checkpoint_meta import check_resumable
@@ -47,6 +48,7 @@ from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.shard import ShardedStep, WholeState
 from hetpp.runtime.stage import TimedStage
+from hetpp.runtime.tp import full_state, parallelize_stage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
@@ -160,7 +162,11 @@ class RankTrainer:
         groups = Groups(ranks, self.rank, opts.timeout_s)
         self.precision = Precision.of(plan, opts.fp64)
         self.scaler = LossScaler(self.precision.loss_scaling)
-        self.model = self.build_model(role)
+        self.tp = len(role.tp_ranks) > 1
+        """A TP rank (it runs one stage, `runtime/contract.py`)."""
+        self.counts_loss = role.tp_index == 0
+        """The loss is counted once per TP group (every rank of it computes the same)."""
+        self.model = self.build_model(role, groups)
         self.sync = GradSync(
             ranks,
             self.rank,
@@ -209,14 +215,14 @@ class RankTrainer:
         stages = ", ".join(map(str, role.stages))
         self.where = (
             f"pipeline schedule (pipeline {role.pipeline}, "
-            f"ranks {list(ranks.pipelines[role.pipeline])}, "
+            f"ranks {list(role.chain)}, "
             f"stage{'s' if len(role.stages) > 1 else ''} {stages})"
         )
 
-    def build_model(self, role: Role) -> RankModel:
+    def build_model(self, role: Role, groups: Groups) -> RankModel:
         """This rank's stages, one StageModule per owned layer range, initialised (or loaded from
-        --init-from), moved to the device, in the plan's precision, recomputing where the plan's
-        stage flag says."""
+        --init-from), moved to the device, in the plan's precision, split over the TP group
+        (`runtime.tp`), recomputing where the plan's stage flag says."""
         plan, opts = self.plan, self.opts
         stages = [
             StageModule(plan.model, *layers, opts.seed, self.precision.param_dtype)
@@ -231,6 +237,8 @@ class RankTrainer:
         self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
         for stage, index in zip(stages, role.stages):
             self.precision.prepare(stage, self.device)
+            if self.tp:
+                parallelize_stage(stage, DeviceMesh.from_group(groups.tp, self.device.type))
             if self.pipe.stages[index].recomputes(plan.train):
                 recompute_blocks(stage, self.probe.meter if self.probe else None)
         return model
@@ -324,7 +332,8 @@ class RankTrainer:
         t_end = time.perf_counter()
         self.samples += self.plan.global_batch
         times = [compute + t_end - t_comm, t_sched - t0 - compute, t_comm - t_sched, t_end - t0]
-        return times, sum(float(x.detach()) for x in losses or ()) / scale, norm
+        loss = sum(float(x.detach()) for x in losses or ()) / scale if self.counts_loss else 0.0
+        return times, loss, norm
 
     def probe_region(self) -> contextlib.AbstractContextManager:
         return self.probe.region() if self.probe is not None else contextlib.nullcontext()
@@ -363,7 +372,8 @@ class RankTrainer:
             with self.precision.step_region(self.device):
                 self.schedule.eval(*args, target=target, losses=losses)
             # The loss function multiplies by the fp16 loss scale (1 otherwise).
-            total += sum(float(x.detach()) for x in losses or ()) / self.scaler.scale
+            if self.counts_loss:
+                total += sum(float(x.detach()) for x in losses or ()) / self.scaler.scale
         dist.all_reduce(total)
         return total.item() / self.opts.eval_batches
 
@@ -392,7 +402,8 @@ class RankTrainer:
         """Rank 0 trains the same steps in one process and compares every copy of every
         parameter on every rank with it."""
         gathered: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(stage_parameters(self.model), gathered, dst=0)
+        mine = full_state(self.model.stages[0]) if self.tp else stage_parameters(self.model)
+        dist.gather_object(mine, gathered, dst=0)
         if gathered is None:
             return None
         ref = train_reference(self.plan, self.opts, self.resumed_from, self.device)

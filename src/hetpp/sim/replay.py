@@ -19,6 +19,7 @@ from hetpp.cost.step import (
     device_optimizer_time_s,
     gathers,
     stage_costs,
+    stage_layer_costs,
     sync_buckets,
 )
 from hetpp.sim.engine import Collective, RankProgram, StageWork, run
@@ -227,8 +228,7 @@ def _activation_peaks(
     for st in stages:
         r = rank[st.device]
         mbs = plan.pipelines[st.pipeline].micro_batch_size
-        recompute = plan.pipelines[st.pipeline].stages[st.stage].recomputes(plan.train)
-        costs = cm.layer_costs(cm.cluster.gpu(st.device), mbs, recompute)
+        costs = stage_layer_costs(cm, plan.pipelines[st.pipeline].stages[st.stage], mbs)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[r, st.stage] = one.activations
         transient[r] = max(transient[r], one.transient)

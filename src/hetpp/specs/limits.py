@@ -18,6 +18,8 @@ MAX_NODES = 1_000_000
 """Most values a YAML/JSON document may expand to, counting every use of an alias."""
 MAX_DEVICES = 16_384
 """Most GPUs in a cluster or plan."""
+MAX_TP_DEGREE = 64
+"""Most devices in one tensor-parallel group (one node; the largest nodes have a few dozen)."""
 MAX_LAYERS = 10_000
 """Most transformer blocks in a model (the largest published models have a few hundred)."""
 MAX_GLOBAL_BATCH = 10_000_000

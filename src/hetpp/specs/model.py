@@ -204,6 +204,10 @@ class LayerSpec(BaseModel):
     """Activation kept from forward until backward, per sequence, without recomputation."""
     saved_bytes_recompute_per_sample: int
     """The same with full activation recomputation (only the layer input is kept)."""
+    saved_bytes_whole_under_tp_per_sample: int = 0
+    """Of `saved_bytes_per_sample`, what every rank of a tensor-parallel group keeps whole
+    (without sequence parallelism: the norms' inputs and outputs and their fp32 upcasts, on the
+    replicated residual stream); the rest is split over the group (Korthikanti et al. 2022)."""
 
 
 class ModelSpec(BaseModel):
@@ -279,6 +283,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
     else:
         # as GPT plus rotated q/k, SwiGLU gate/up/act/prod; and each RMSNorm's float32 copy.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac) + 4 * f
+    whole_elems = h * (2 + 2)  # the norms' in/out and their fp32 copies: on every TP rank
     n = block_params(c)
     return dict(
         kind="block",
@@ -288,6 +293,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         send_bytes_per_sample=s * h * d,
         saved_bytes_per_sample=int(s * saved_elems * d) + 2 * _rms_upcast_bytes(c, s),
         saved_bytes_recompute_per_sample=s * h * d,
+        saved_bytes_whole_under_tp_per_sample=s * whole_elems * d + 2 * _rms_upcast_bytes(c, s),
     )
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from hetpp.specs.cluster import Cluster
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import load_model_file, write_atomic
-from hetpp.specs.limits import MAX_DEVICES, check_size
+from hetpp.specs.limits import MAX_DEVICES, MAX_TP_DEGREE, check_size
 from hetpp.specs.model import ModelConfig
 from hetpp.specs.schedule import SCHEDULES, Schedule, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
@@ -38,8 +38,10 @@ class StagePlan(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=1)
-    """Device ids (one today; a tensor-parallel group later)."""
+    devices: tuple[NonNegativeInt, ...] = Field(min_length=1, max_length=MAX_TP_DEGREE)
+    """Device ids: one, or a tensor-parallel group of k (same node, same GPU type; k divides
+    the model's attention heads, KV heads and MLP width) whose ranks hold column/row shards of
+    the stage's blocks (FlashFlex's format: a stage with k devices is a TP group)."""
     layers: tuple[NonNegativeInt, NonNegativeInt]
     """Layer range [start, end) over the model's layer list."""
     recompute: bool | None = None
@@ -51,7 +53,14 @@ class StagePlan(BaseModel):
 
     @property
     def device(self) -> int:
+        """The stage's lead device: the group's first. The cost model, the simulator and the
+        gradient blocks name a stage by it (one stage, one timeline, one owner per pipeline)."""
         return self.devices[0]
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree (1: no TP)."""
+        return len(self.devices)
 
     @property
     def num_layers(self) -> int:
@@ -81,7 +90,8 @@ class PipelinePlan(BaseModel):
 
     @property
     def devices(self) -> list[int]:
-        """The pipeline's devices in the order of their first stage (each once)."""
+        """The pipeline's devices in the order of their first stage (each once); a TP stage is
+        named by its lead device (`StagePlan.device`)."""
         return list(dict.fromkeys(s.device for s in self.stages))
 
     @property
@@ -92,6 +102,11 @@ class PipelinePlan(BaseModel):
     def schedule_in(self, train: TrainSpec) -> ScheduleSpec:
         """This pipeline's schedule entry: its own, else the plan's default."""
         return SCHEDULES[self.schedule or train.schedule]
+
+    @property
+    def has_tp(self) -> bool:
+        """Whether any stage is a tensor-parallel group."""
+        return any(s.tp > 1 for s in self.stages)
 
     def stage_of_layer(self, layer: int) -> int:
         return next(i for i, s in enumerate(self.stages) if s.layers[0] <= layer < s.layers[1])
@@ -183,7 +198,8 @@ class Plan(BaseModel):
 
     @property
     def num_devices(self) -> int:
-        return sum(len(p.devices) for p in self.pipelines)
+        """Every device of every pipeline, each once (a TP stage counts its k devices)."""
+        return sum(len({d for s in p.stages for d in s.devices}) for p in self.pipelines)
 
     @property
     def optimizer_shards(self) -> int:
@@ -266,19 +282,30 @@ def _check_pipeline(
             field=f"{where}.stages",
         )
     spec = pipe.schedule_in(plan.train)
+    if pipe.has_tp and len(pipe.stages) != len(pipe.devices):
+        raise SpecError(
+            f"{len(pipe.stages)} stages on {len(pipe.devices)} devices: tensor-parallel stages "
+            "run one stage per device (multi-chunk schedules with TP are not supported)",
+            field=f"{where}.stages",
+        )
     _check_placement(pipe, spec, where)
     for s, st in enumerate(pipe.stages):
-        for d in st.devices:
+        for i, d in enumerate(st.devices):
             if cluster is not None and d >= cluster.num_devices:
                 raise SpecError(
                     f"device {d} does not exist; the cluster {cluster.name!r} has devices "
                     f"0..{cluster.num_devices - 1}",
                     field=f"{where}.stages[{s}].devices",
                 )
-            if seen.setdefault(d, where) != where:
+            # a plain device may run several stages of its pipeline (multi-chunk schedules); a
+            # TP group's devices belong to that one stage
+            owner = where if st.tp == 1 else f"{where}.stages[{s}]"
+            if d in st.devices[:i] or seen.setdefault(d, owner) != owner:
                 raise SpecError(
                     f"device {d} is already used by {seen[d]}", field=f"{where}.stages[{s}].devices"
                 )
+        if st.tp > 1:
+            _check_tp_group(plan, st, cluster, f"{where}.stages[{s}].devices")
     problem = spec.micro_batch_problem(len(pipe.stages), len(pipe.devices), pipe.num_micro_batches)
     if problem is not None:
         raise SpecError(problem, field=f"{where}.num_micro_batches")
@@ -325,6 +352,37 @@ def _check_fully_sharded(plan: Plan) -> None:
             f"sharding 'full' needs one num_micro_batches for every pipeline (found {counts}); "
             "share the batch out by micro_batch_size",
             field="pipelines",
+        )
+
+
+def tp_divisibility_error(model: ModelConfig, degree: int) -> str | None:
+    """Why `model`'s blocks cannot be split over `degree` tensor-parallel ranks, or None.
+
+    Column/row parallel attention and MLP give each rank whole heads and an equal slice of the
+    MLP width, so the degree must divide the attention heads, the KV heads (KV heads are not
+    replicated: a degree above `num_kv_heads` is refused) and `ffn_hidden_size`."""
+    for name, value in (
+        ("num_heads", model.num_heads),
+        ("num_kv_heads", model.kv_heads),
+        ("ffn_hidden_size", model.ffn_hidden_size),
+    ):
+        if value % degree:
+            return f"the model's {name} ({value}) is not a multiple of {degree}"
+    return None
+
+
+def _check_tp_group(plan: Plan, st: StagePlan, cluster: Cluster | None, field: str) -> None:
+    why = tp_divisibility_error(plan.model, st.tp)
+    if why:
+        raise SpecError(f"a tensor-parallel group of {st.tp} devices: {why}", field=field)
+    if cluster is None:
+        return
+    devs = [cluster.devices[d] for d in st.devices]
+    if len({d.node for d in devs}) > 1 or len({d.gpu.name.lower() for d in devs}) > 1:
+        found = ", ".join(f"{d.id} ({d.gpu.name}, node {d.node})" for d in devs)
+        raise SpecError(
+            f"a tensor-parallel group must be on one node with one GPU type; got {found}",
+            field=field,
         )
 
 
