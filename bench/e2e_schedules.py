@@ -1,15 +1,15 @@
-"""End to end: hpp's 1F1B plan against the same plan with its pipelines on a multi-chunk schedule,
-both trained on an emulated cluster.
+"""End to end: hpp's best one-chunk (1F1B) plan against a plan with multi-chunk schedules, both
+trained on an emulated cluster, with the cost model's predicted gain beside the measured one.
 
-The planner does not choose schedules yet (the planning half of issue 13), so the multi-chunk
-plan is made from hpp's: every pipeline of two or more devices is re-cut for `--schedule` on the
-same devices, each device keeping its layer count, split into two chunks (the first the larger)
-placed as the schedule says; batch shares and micro-batches stay. A pipeline the schedule cannot
-run (too few micro-batches, a device with one layer) stays 1F1B. Both plans train round-robin,
-`--repeats` times, so background load hits them alike. Measured only: there is no cost model for
-these schedules on main yet, so no predicted gain.
+The multi-chunk plan is the planner's own pick when its schedule pass chooses one (`hpp` with the
+executable schedules allowed); otherwise (or with `--recut`) it is made from the 1F1B plan: every
+pipeline of two or more devices is re-cut for `--schedule` on the same devices, each device keeping
+its layer count, split into two chunks (the first the larger) placed as the schedule says; batch
+shares and micro-batches stay; a pipeline the schedule cannot run stays 1F1B. The plans train
+round-robin, `--repeats` times, so background load hits them alike. Predicted: `step_cost` of each
+plan on the emulated profiles the planner used.
 
-    python bench/e2e_schedules.py [--mix demo] [--schedule zbv] [--steps 7] [--repeats 2]
+    python bench/e2e_schedules.py [--mix demo] [--schedule zbv] [--recut] [--steps 7] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e import MIXES
 
+from hetpp.cost.step import cost_model_for_plan, step_cost
 from hetpp.demo.compare import WARMUP_STEPS, Setup, describe
 from hetpp.demo.emulated import emulated_profiles, profile_cpu
 from hetpp.demo.runs import train_plan
@@ -74,6 +76,7 @@ def main() -> int:
     ap.add_argument(
         "--schedule", default="zbv", choices=["interleaved-1f1b", "interleaved-zb", "zbv"]
     )
+    ap.add_argument("--recut", action="store_true", help="re-cut the 1F1B plan for --schedule")
     ap.add_argument("--steps", type=int, default=7, help=f"steps per run ({WARMUP_STEPS} warm-up)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each plan, interleaved")
     args = ap.parse_args()
@@ -82,11 +85,23 @@ def main() -> int:
     cluster = mix.cluster()
     profiles = emulated_profiles(profile_cpu(PRESETS["gpt-demo"], 128, [1, 2, 4]), cluster)
     setup = Setup(cluster, PRESETS["gpt-demo"])
-    base = plan(setup.problem(profiles), "hpp").final_plan()
-    plans = {"1f1b": base, args.schedule: multi_chunk(base, args.schedule)}
+    problem = setup.problem(profiles)
+    base = plan(replace(problem, schedules=()), "hpp").final_plan()
+    picked = plan(problem, "hpp").final_plan()
+    chunked = any(q.chunks > 1 for q in picked.pipelines)
+    if chunked and not args.recut:
+        plans = {"1f1b": base, "planner": picked}
+    else:
+        plans = {"1f1b": base, args.schedule: multi_chunk(base, args.schedule)}
+    predicted = {
+        name: step_cost(p, cost_model_for_plan(p, profiles)).iteration_time_s
+        for name, p in plans.items()
+    }
     for name, p in plans.items():
         spans = [[(st.device, st.layers) for st in pipe.stages] for pipe in p.pipelines]
-        print(f"{name}: {describe(p)}; m {[q.num_micro_batches for q in p.pipelines]}; {spans}")
+        scheds = [q.schedule_in(p.train).name for q in p.pipelines]
+        print(f"{name}: {describe(p)}; {scheds}; m {[q.num_micro_batches for q in p.pipelines]}; "
+              f"{spans}; predicted {predicted[name]:.3f} s/step")  # fmt: skip
     runs: dict[str, list[float]] = {name: [] for name in plans}
     with TemporaryDirectory() as tmp:
         for r in range(args.repeats):
@@ -96,12 +111,15 @@ def main() -> int:
                 print(f"  run {r + 1} {name}: {runs[name][-1]:.3f} s/step", flush=True)
     med = {name: statistics.median(v) for name, v in runs.items()}
     print(
-        "\n| plan | pipelines | s/step per run | median s/step | vs 1f1b |\n|---|---|---|---|---|"
+        "\n| plan | pipelines | s/step per run | median s/step | predicted s/step "
+        "| gain measured | gain predicted |\n|---|---|---|---|---|---|---|"
     )
     for name, p in plans.items():
         per = ", ".join(f"{t:.2f}" for t in runs[name])
+        gain = med["1f1b"] / med[name]
         print(
-            f"| {name} | {describe(p)} | {per} | {med[name]:.2f} | {med['1f1b'] / med[name]:.2f}x |"
+            f"| {name} | {describe(p)} | {per} | {med[name]:.2f} | {predicted[name]:.2f} "
+            f"| {gain:.2f}x | {predicted['1f1b'] / predicted[name]:.2f}x |"
         )
     print(f"\n{(time.perf_counter() - t0) / 60:.0f} min")
     return 0

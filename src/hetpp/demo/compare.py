@@ -157,12 +157,12 @@ def interleaved(
 
 
 def describe(p: Plan) -> str:
-    """Pipelines in a few words: each one's GPU types in stage order and its batch share, e.g.
-    `Fast×3 (19) + Slow×4 (5)`."""
+    """Pipelines in a few words: each one's GPU types in device order and its batch share, e.g.
+    `Fast×3 (19) + Slow×4 (5)` (a multi-chunk pipeline counts each device once)."""
     assert p.cluster is not None
     parts = []
     for pipe in p.pipelines:
-        runs = run_lengths(p.cluster.gpu(st.device).name for st in pipe.stages)
+        runs = run_lengths(p.cluster.gpu(d).name for d in pipe.devices)
         shape = "+".join(f"{g}×{n}" if n > 1 else g for g, n in runs)
         parts.append(f"{shape} ({pipe.batch})")
     return " + ".join(parts)
