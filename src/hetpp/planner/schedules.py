@@ -23,7 +23,8 @@ import itertools
 from typing import Literal
 
 from hetpp.cost.pipeline import fill_and_beat
-from hetpp.cost.step import StepCost, stage_costs, step_cost
+from hetpp.cost.step import StepCost, stage_costs
+from hetpp.planner.assemble import evaluate
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
@@ -39,7 +40,7 @@ def choose_schedules(
     problem: Problem, plan: Plan, split: Split = "balanced", rebalance: bool = True
 ) -> tuple[Plan, StepCost]:
     """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
-    best = step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
+    best = evaluate(problem, plan)
     if not problem.chunked_schedules:
         return plan, best
     groups: dict[tuple, list[int]] = {}
@@ -63,13 +64,13 @@ def choose_schedules(
                     trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
                     if trial is None:
                         continue
-                    cost = step_cost(trial, problem.cost_model(trial.train.recompute, shards=1))
+                    cost = evaluate(problem, trial)
                     if cost.fits and cost.iteration_time_s < best.iteration_time_s:
                         plan, best = trial, cost
     if rebalance:
         trial = _rebalanced(problem, plan)
         if trial is not None:
-            cost = step_cost(trial, problem.cost_model(trial.train.recompute, shards=1))
+            cost = evaluate(problem, trial)
             if cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
