@@ -73,9 +73,8 @@ def multi_chunk(p: Plan, schedule: str) -> Plan:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mix", default="demo", choices=[m.name for m in MIXES])
-    ap.add_argument(
-        "--schedule", default="zbv", choices=["interleaved-1f1b", "interleaved-zb", "zbv"]
-    )
+    multi = [name for name, s in SCHEDULES.items() if s.executable and s.placement != "one"]
+    ap.add_argument("--schedule", default="zbv", choices=multi)
     ap.add_argument("--recut", action="store_true", help="re-cut the 1F1B plan for --schedule")
     ap.add_argument("--steps", type=int, default=7, help=f"steps per run ({WARMUP_STEPS} warm-up)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each plan, interleaved")

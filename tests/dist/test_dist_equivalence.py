@@ -140,6 +140,32 @@ CASES = {
         "1f1b",
         {"precision": "bf16", "clip_grad": 0.05},
     ),
+    # DualPipeV (overlapped forward+backward pairs, full and split backwards on one stage) beside
+    # 1F1B and GPipe: three shapes, 6 micro-batches on the V's 4 stages; clipping needs each
+    # stage's gradients final at its last full backward or weight-grad action.
+    "llama-3pipes-dualpipev2x2+1f1b2+gpipe1-clip": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 1, 0], [0, 2, 3, 4, 6], 1, 6, schedule="dualpipev"),
+            pipeline([2, 3], [0, 3, 6], 2, 2),
+            pipeline([4], [0, 6], 2, 1, schedule="gpipe"),
+        ],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
+    # A DualPipeV over three devices (the tied embedding and head on its first), recomputing
+    # some stages, beside a ZB-V of another cut; validation runs both forward only.
+    "gpt-2pipes-dualpipev3x2-recompute+zbv2x2-sgd": (
+        "tiny-gpt",
+        [
+            pipeline(
+                [0, 1, 2, 2, 1, 0], [0, 1, 2, 3, 4, 5, 6], 1, 7, "rnr-r-", schedule="dualpipev"
+            ),
+            pipeline([3, 4, 4, 3], [0, 2, 3, 5, 6], 1, 4, schedule="zbv"),
+        ],
+        "dualpipev",
+        {"fp64": True, "optimizer": "sgd", "lr": 0.1, "eval_every": 2, "eval_batches": 1},
+    ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],

@@ -354,6 +354,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             order=dualpipev_order,
             placement="v",
             splits_backward=True,
+            executable=True,
         ),
     )
 }
