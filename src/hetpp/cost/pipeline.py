@@ -167,13 +167,11 @@ def _one_round(split_backward: bool):
         micro-batch after another, then every device runs its chunk-0 backwards. So the chunks
         run as flow lines one after another, and a device holding a heavy chunk (the
         embedding's, the head's) paces its chunk's flow alone: their paces add where the
-        busiest device's total work does not say so. Each line here is one path through the
-        replay (a lower bound on it):
-        - chunk 0's forward flow (paced by its slowest forward), the last device's middle
-          chunks and its turn (split: its first D - 1 turns leave their W for later), chunk
-          0's backward flow (split: the input-grads travel, each device's W's follow its own);
-        - per device: the first micro-batch reaching it, all its work, and (unsplit) the last
-          backward's way back to the first device."""
+        busiest device's total work does not say so. The line is one path through the replay
+        (a lower bound on it): chunk 0's forward flow (paced by its slowest forward), the last
+        device's middle chunks and its turn (split: its first D - 1 turns leave their W for
+        later), chunk 0's backward flow (split: the input-grads travel, each device's W's
+        follow its own). It stands in for the steady line; `_busy_devices` still holds."""
         d = num_devices
         f = np.reshape(fwd_s, (-1, d))  # [chunk, device]
         b = np.reshape(bwd_s, (-1, d))
@@ -184,14 +182,25 @@ def _one_round(split_backward: bool):
         first = f[0].sum() + 2 * hop.sum() + middle + turn + b[0].sum()
         if split_backward:
             first += -(d - 1) * w[-1, -1] - w[0, 1:].sum()
-        out = [(float(first), float(f[0].max() + middle + turn + b[0].max()))]
-        reach = np.concatenate([[0.0], np.cumsum(f[0, :-1] + hop)])
-        back = (
-            0.0 * reach if split_backward else np.concatenate([[0.0], np.cumsum(b[0, :-1] + hop)])
-        )
-        work = f.sum(axis=0) + b.sum(axis=0)
-        out += [(float(r + k + x), float(x)) for r, k, x in zip(reach, back, work)]
-        return out
+        return [(float(first), float(f[0].max() + middle + turn + b[0].max()))]
+
+    return lines
+
+
+def _busy_devices(placement: str, split_backward: bool):
+    def lines(
+        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
+    ) -> list[tuple[float, float]]:
+        """Per device one path through the replay, at any m: the first micro-batch reaching it
+        (chunk 0 runs down the devices in both placements), all its work, then (unsplit) its
+        last backward's way back to the first device (a split one ends on its own W's)."""
+        d = num_devices
+        hop = np.asarray(comm_s[: d - 1], dtype=float)
+        reach = np.concatenate([[0.0], np.cumsum(np.asarray(fwd_s[: d - 1]) + hop)])
+        back = np.concatenate([[0.0], np.cumsum(np.asarray(bwd_s[: d - 1]) + hop)])
+        work = _device_work(fwd_s, bwd_s, placement, d)
+        ends = reach + (0.0 if split_backward else back)
+        return [(float(e + x), float(x)) for e, x in zip(ends, work)]
 
     return lines
 
@@ -209,6 +218,8 @@ class TimingRule(NamedTuple):
     """A second line `(fill, beat)` the time never falls below, for schedules whose steady
     state needs more micro-batches than they may run (`pipeline_time_s` takes the larger; the
     planner's data balance reads the first line only, and the full cost judges its plans)."""
+    paths: Callable[..., list[tuple[float, float]]] | None = None
+    """More such lines, each one path through the replay at any m (a lower bound)."""
     one_round: Callable[..., list[tuple[float, float]]] | None = None
     """For interleaved schedules whose micro-batches make one round (`m < 2D`): lines that
     replace the first, since no steady state forms; the chunks run as flow lines one after
@@ -222,16 +233,21 @@ TIMING_RULES: dict[str, TimingRule] = {
         _chunked_fill("loop", False),
         _chunked_beat("loop"),
         _chunked_few("loop", False),
+        _busy_devices("loop", False),
         _one_round(False),
     ),
     "zero-bubble": TimingRule(
         _chunked_fill("loop", True),
         _chunked_beat("loop", True),
         _chunked_few("loop", True),
+        _busy_devices("loop", True),
         _one_round(True),
     ),
     "zero-bubble-v": TimingRule(
-        _chunked_fill("v", True), _chunked_beat("v"), _chunked_few("v", True)
+        _chunked_fill("v", True),
+        _chunked_beat("v"),
+        _chunked_few("v", True),
+        _busy_devices("v", True),
     ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
@@ -271,8 +287,9 @@ def pipeline_time_s(
     stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
     trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
     finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
-    `num_devices` devices; with few micro-batches their time is the larger of two lines
-    (`TimingRule.few`)."""
+    `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
+    steady one (in one round of an interleaved schedule, the flow-line path instead), the
+    one for few micro-batches, and one per device kept busy throughout."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
     if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
@@ -280,6 +297,7 @@ def pipeline_time_s(
     else:
         lines = [(rule.fill(*args), rule.beat(*args))]
     lines += [rule.few(*args)] if rule.few else []
+    lines += rule.paths(*args) if rule.paths else []
     return float(max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines))
 
 
