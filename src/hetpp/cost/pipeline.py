@@ -32,33 +32,43 @@ def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
     misses."""
     c = list(comm_s)
     work = [f + b for f, b in zip(fwd_s, bwd_s)]
-    best = max(work)
     if not any(c):  # a window's mean never exceeds its slowest stage
-        return float(best)
-    if len(work) >= NUMPY_WINDOWS:
-        return _lockstep_beat_numpy(np.array(work), np.array(c))
+        return float(max(work))
+    return _window_beat(work, c)
+
+
+def _window_beat(work: Times, comm: Times, gap: int = 1, left: Times | None = None) -> float:
+    """The largest window mean of a lock-step pipeline: over consecutive stages (or devices)
+    s..t, `(work[s] + sum over u in s+1..t of (work[u] - left[u] + 2 comm[u-1])) /
+    (gap (t - s) + 1)`, where a window's cycle takes `gap` steps per member past the first and
+    `left[u]` is work of u that is off the cycle (default none)."""
+    n = len(work)
+    left = left if left is not None else [0.0] * n
+    if n >= NUMPY_WINDOWS:
+        return _window_beat_numpy(np.array(work), np.array(comm), gap, np.array(left))
     # O(S^2) over windows; plain Python beats numpy's call overhead at small depths
-    for s in range(len(work) - 1):
+    best = max(work)
+    for s in range(n - 1):
         total = work[s]
-        for t in range(s + 1, len(work)):
-            total += work[t] + 2 * c[t - 1]
-            best = max(best, total / (t - s + 1))
+        for t in range(s + 1, n):
+            total += work[t] - left[t] + 2 * comm[t - 1]
+            best = max(best, total / (gap * (t - s) + 1))
     return float(best)
 
 
 NUMPY_WINDOWS = 20
-"""Pipeline depth from which `_lockstep_beat` runs its windows as one numpy cumulative sum."""
+"""Pipeline depth from which `_window_beat` runs its windows as one numpy cumulative sum."""
 
 
-def _lockstep_beat_numpy(work: np.ndarray, comm: np.ndarray) -> float:
-    """`_lockstep_beat`'s windows as an S x S array: row s holds stage s's work, then each later
+def _window_beat_numpy(work: np.ndarray, comm: np.ndarray, gap: int, left: np.ndarray) -> float:
+    """`_window_beat`'s windows as an S x S array: row s holds stage s's work, then each later
     stage's work plus its two transfers, summed left to right (`cumsum` accumulates in order,
     so every window total rounds as the loop's does)."""
     n = len(work)
-    step = np.concatenate([[0.0], work[1:] + 2 * comm])
+    step = np.concatenate([[0.0], work[1:] - left[1:] + 2 * comm])
     totals = np.cumsum(np.triu(np.broadcast_to(step, (n, n)), 1) + np.diag(work), axis=1)
-    span = np.arange(n)[None, :] - np.arange(n)[:, None] + 1
-    return float(np.where(span > 0, totals / np.maximum(span, 1), -np.inf).max())
+    span = np.arange(n)[None, :] - np.arange(n)[:, None]
+    return float(np.where(span >= 0, totals / (gap * np.maximum(span, 0) + 1), -np.inf).max())
 
 
 def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
@@ -99,15 +109,11 @@ def _chunked_beat(placement: str, split_backward: bool = False):
         if placement != "loop" or d < 2 or not any(comm_s):
             return busiest
         v = len(fwd_s) // d
-        step = (np.reshape(fwd_s, (v, d)) + np.reshape(bwd_s, (v, d))).mean(axis=0)
-        left = np.reshape(weight_s, (v, d)).mean(axis=0) if split_backward else np.zeros(d)
-        hop = np.reshape([*comm_s, 0.0], (v, d))[:, :-1].mean(axis=0)  # a chunk's own hops
-        gap = 1 if split_backward else 2
-        grow = np.concatenate([[0.0], step[1:] - left[1:] + 2 * hop])
-        totals = np.cumsum(np.triu(np.broadcast_to(grow, (d, d)), 1) + np.diag(step), axis=1)
-        span = np.arange(d)[None, :] - np.arange(d)[:, None]
-        best = np.where(span >= 0, totals / (gap * np.maximum(span, 0) + 1), -np.inf).max()
-        return float(v * best)
+        per = [range(k, len(fwd_s), d) for k in range(d)]  # a device's stages
+        step = [sum(fwd_s[s] + bwd_s[s] for s in p) / v for p in per]
+        left = [sum(weight_s[s] for s in p) / v for p in per] if split_backward else None
+        hop = [sum(comm_s[s] for s in p) / v for p in per[:-1]]  # a chunk's own hops
+        return v * _window_beat(step, hop, 1 if split_backward else 2, left)
 
     return beat
 
