@@ -14,6 +14,7 @@ reference, the pipeline column also shows the 1F1B form before the simulator cor
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--profile", nargs="*", default=[], metavar="CSV")
     ap.add_argument("--top", type=int, default=10, help="list this many worst plans")
     ap.add_argument("--schedule", nargs="*", default=[], help="only the built-in plans of these")
+    ap.add_argument("--json", metavar="PATH", help="also write every plan's row to this file")
     args = ap.parse_args()
     t0 = time.perf_counter()
     items = plan_files(args.paths) if args.paths else cases()
@@ -127,6 +129,8 @@ def main() -> None:
         items = (c for c in items if c.plan.schedule in args.schedule)
     rows = measure(items, load_profiles(args.profile))
     report(rows, args.top, time.perf_counter() - t0)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import numpy as np
 from hetpp.cost.comm import p2p_time_s
 from hetpp.cost.compute import LayerCosts
 from hetpp.specs.cluster import Link
-from hetpp.specs.schedule import SCHEDULES
+from hetpp.specs.schedule import SCHEDULES, _rounds
 
 Times = Sequence[float]
 
@@ -32,33 +32,43 @@ def _lockstep_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
     misses."""
     c = list(comm_s)
     work = [f + b for f, b in zip(fwd_s, bwd_s)]
-    best = max(work)
     if not any(c):  # a window's mean never exceeds its slowest stage
-        return float(best)
-    if len(work) >= NUMPY_WINDOWS:
-        return _lockstep_beat_numpy(np.array(work), np.array(c))
+        return float(max(work))
+    return _window_beat(work, c)
+
+
+def _window_beat(work: Times, comm: Times, gap: int = 1, left: Times | None = None) -> float:
+    """The largest window mean of a lock-step pipeline: over consecutive stages (or devices)
+    s..t, `(work[s] + sum over u in s+1..t of (work[u] - left[u] + 2 comm[u-1])) /
+    (gap (t - s) + 1)`, where a window's cycle takes `gap` steps per member past the first and
+    `left[u]` is work of u that is off the cycle (default none)."""
+    n = len(work)
+    left = left if left is not None else [0.0] * n
+    if n >= NUMPY_WINDOWS:
+        return _window_beat_numpy(np.array(work), np.array(comm), gap, np.array(left))
     # O(S^2) over windows; plain Python beats numpy's call overhead at small depths
-    for s in range(len(work) - 1):
+    best = max(work)
+    for s in range(n - 1):
         total = work[s]
-        for t in range(s + 1, len(work)):
-            total += work[t] + 2 * c[t - 1]
-            best = max(best, total / (t - s + 1))
+        for t in range(s + 1, n):
+            total += work[t] - left[t] + 2 * comm[t - 1]
+            best = max(best, total / (gap * (t - s) + 1))
     return float(best)
 
 
 NUMPY_WINDOWS = 20
-"""Pipeline depth from which `_lockstep_beat` runs its windows as one numpy cumulative sum."""
+"""Pipeline depth from which `_window_beat` runs its windows as one numpy cumulative sum."""
 
 
-def _lockstep_beat_numpy(work: np.ndarray, comm: np.ndarray) -> float:
-    """`_lockstep_beat`'s windows as an S x S array: row s holds stage s's work, then each later
+def _window_beat_numpy(work: np.ndarray, comm: np.ndarray, gap: int, left: np.ndarray) -> float:
+    """`_window_beat`'s windows as an S x S array: row s holds stage s's work, then each later
     stage's work plus its two transfers, summed left to right (`cumsum` accumulates in order,
     so every window total rounds as the loop's does)."""
     n = len(work)
-    step = np.concatenate([[0.0], work[1:] + 2 * comm])
+    step = np.concatenate([[0.0], work[1:] - left[1:] + 2 * comm])
     totals = np.cumsum(np.triu(np.broadcast_to(step, (n, n)), 1) + np.diag(work), axis=1)
-    span = np.arange(n)[None, :] - np.arange(n)[:, None] + 1
-    return float(np.where(span > 0, totals / np.maximum(span, 1), -np.inf).max())
+    span = np.arange(n)[None, :] - np.arange(n)[:, None]
+    return float(np.where(span >= 0, totals / (gap * np.maximum(span, 0) + 1), -np.inf).max())
 
 
 def _flow_lines_beat(fwd_s: Times, bwd_s: Times, comm_s: Times, *_) -> float:
@@ -77,11 +87,33 @@ def _device_work(fwd_s: Times, bwd_s: Times, placement: str, num_devices: int) -
     return work
 
 
-def _chunked_beat(placement: str):
-    def beat(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, _w: Times) -> float:
-        """Multi-chunk schedules keep every device busy in steady state: each micro-batch adds
-        the busiest device's work over all its chunks (sends overlap compute)."""
-        return float(_device_work(fwd_s, bwd_s, placement, num_devices).max())
+def _busiest_s(fwd_s: Times, bwd_s: Times, placement: str, num_devices: int) -> float:
+    """Multi-chunk schedules keep every device busy in steady state: each micro-batch adds at
+    least the busiest device's work over all its chunks (sends overlap compute)."""
+    return float(_device_work(fwd_s, bwd_s, placement, num_devices).max())
+
+
+def _chunked_beat(placement: str, split_backward: bool = False):
+    def beat(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times) -> float:
+        """The busiest device's work over all its chunks, or, on a loop, a lock-step window
+        of devices with the transfers inside it where that is longer. In a loop's steady state
+        device d runs one forward and one backward per step, and its backwards trail device
+        d+1's by `g` steps (the warm-ups differ by 2 per device, split backwards by 1), so
+        devices s..t form 1F1B's cycle over `g (t - s) + 1` steps: a forward travels s -> t, the
+        backward comes back, then s runs its next forward. A step is a device's mean over its
+        chunks; a split backward's input-grad travels and its W stays behind, so only the top
+        device's W is on the cycle. Without transfers the windows never beat the busiest
+        device; a slow hop adds itself to every micro-batch (on the 10 Gb/s cluster 27%)."""
+        busiest = _busiest_s(fwd_s, bwd_s, placement, num_devices)
+        d = num_devices
+        if placement != "loop" or d < 2 or not any(comm_s):
+            return busiest
+        v = len(fwd_s) // d
+        per = [range(k, len(fwd_s), d) for k in range(d)]  # a device's stages
+        step = [sum(fwd_s[s] + bwd_s[s] for s in p) / v for p in per]
+        left = [sum(weight_s[s] for s in p) / v for p in per] if split_backward else None
+        hop = [sum(comm_s[s] for s in p) / v for p in per[:-1]]  # a chunk's own hops
+        return v * _window_beat(step, hop, 1 if split_backward else 2, left)
 
     return beat
 
@@ -97,7 +129,7 @@ def _chunked_fill(placement: str, split_backward: bool):
         `(F + I - W) / (F + B)` summed over the stages (the zero-bubble papers'
         `(D - 1)(f + i - w)`): a third when I ~ W ~ f."""
         v = len(fwd_s) / num_devices
-        beat = _chunked_beat(placement)(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+        beat = _busiest_s(fwd_s, bwd_s, placement, num_devices)
         f, b = sum(fwd_s), sum(bwd_s)
         bubble = (f + b - beat) / v
         if split_backward and f + b > 0:
@@ -118,7 +150,7 @@ def _chunked_few(placement: str, split_backward: bool):
         each further one a chunk's share of the beat (a split backward's share: the beat less
         the busiest device's weight-grads, which wait for the drain)."""
         v = len(fwd_s) / num_devices
-        beat = _chunked_beat(placement)(fwd_s, bwd_s, comm_s, num_devices, weight_s)
+        beat = _busiest_s(fwd_s, bwd_s, placement, num_devices)
         path = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
         if not split_backward:
             return float(path), float(beat / v)
@@ -129,6 +161,54 @@ def _chunked_few(placement: str, split_backward: bool):
         return float(path - sum(weight_s) + weight_s[0]), float(beat - weights.max())
 
     return few
+
+
+def _one_round(split_backward: bool):
+    def lines(
+        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
+    ) -> list[tuple[float, float]]:
+        """An interleaved schedule whose micro-batches make one round (torch's flex rule:
+        `m < 2D`) never reaches the lock-step the steady line assumes: each device runs all
+        its chunk-0 forwards, then the later chunks', the last device turns chunk v-1 round one
+        micro-batch after another, then every device runs its chunk-0 backwards. So the chunks
+        run as flow lines one after another, and a device holding a heavy chunk (the
+        embedding's, the head's) paces its chunk's flow alone: their paces add where the
+        busiest device's total work does not say so. The line is one path through the replay
+        (a lower bound on it): chunk 0's forward flow (paced by its slowest forward), the last
+        device's middle chunks and its turn (split: its first D - 1 turns leave their W for
+        later), chunk 0's backward flow (split: the input-grads travel, each device's W's
+        follow its own). It stands in for the steady line; `_busy_devices` still holds."""
+        d = num_devices
+        f = np.reshape(fwd_s, (-1, d))  # [chunk, device]
+        b = np.reshape(bwd_s, (-1, d))
+        w = np.reshape(weight_s, (-1, d))
+        hop = np.asarray(comm_s[: d - 1], dtype=float)  # chunk 0's own hops
+        middle = float(f[1:-1, -1].sum() + b[1:-1, -1].sum())
+        turn = f[-1, -1] + b[-1, -1]
+        first = f[0].sum() + 2 * hop.sum() + middle + turn + b[0].sum()
+        if split_backward:
+            first += -(d - 1) * w[-1, -1] - w[0, 1:].sum()
+        return [(float(first), float(f[0].max() + middle + turn + b[0].max()))]
+
+    return lines
+
+
+def _busy_devices(placement: str, split_backward: bool):
+    def lines(
+        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
+    ) -> list[tuple[float, float]]:
+        """Per device one path through the replay, at any m: the first micro-batch reaching it
+        (chunk 0 runs down the devices in both placements), all its work, then (unsplit) its
+        last backward's way back to the first device (a split one ends on its own W's)."""
+        d = num_devices
+        hop = np.asarray(comm_s[: d - 1], dtype=float)
+        reach = np.concatenate([[0.0], np.cumsum(np.asarray(fwd_s[: d - 1]) + hop)])
+        back = np.concatenate([[0.0], np.cumsum(np.asarray(bwd_s[: d - 1]) + hop)])
+        work = _device_work(fwd_s, bwd_s, placement, d)
+        ends = reach + (0.0 if split_backward else back)
+        return [(float(e + x), float(x)) for e, x in zip(ends, work)]
+
+    return lines
 
 
 class TimingRule(NamedTuple):
@@ -144,19 +224,36 @@ class TimingRule(NamedTuple):
     """A second line `(fill, beat)` the time never falls below, for schedules whose steady
     state needs more micro-batches than they may run (`pipeline_time_s` takes the larger; the
     planner's data balance reads the first line only, and the full cost judges its plans)."""
+    paths: Callable[..., list[tuple[float, float]]] | None = None
+    """More such lines, each one path through the replay at any m (a lower bound)."""
+    one_round: Callable[..., list[tuple[float, float]]] | None = None
+    """For interleaved schedules whose micro-batches make one round (`m < 2D`): lines that
+    replace the first, since no steady state forms; the chunks run as flow lines one after
+    another."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
     "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
     "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
     "interleaved": TimingRule(
-        _chunked_fill("loop", False), _chunked_beat("loop"), _chunked_few("loop", False)
+        _chunked_fill("loop", False),
+        _chunked_beat("loop"),
+        _chunked_few("loop", False),
+        _busy_devices("loop", False),
+        _one_round(False),
     ),
     "zero-bubble": TimingRule(
-        _chunked_fill("loop", True), _chunked_beat("loop"), _chunked_few("loop", True)
+        _chunked_fill("loop", True),
+        _chunked_beat("loop", True),
+        _chunked_few("loop", True),
+        _busy_devices("loop", True),
+        _one_round(True),
     ),
     "zero-bubble-v": TimingRule(
-        _chunked_fill("v", True), _chunked_beat("v"), _chunked_few("v", True)
+        _chunked_fill("v", True),
+        _chunked_beat("v"),
+        _chunked_few("v", True),
+        _busy_devices("v", True),
     ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
@@ -196,11 +293,17 @@ def pipeline_time_s(
     stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
     trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
     finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
-    `num_devices` devices; with few micro-batches their time is the larger of two lines
-    (`TimingRule.few`)."""
+    `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
+    steady one (in one round of an interleaved schedule, the flow-line path instead), the
+    one for few micro-batches, and one per device kept busy throughout."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
-    lines = [(rule.fill(*args), rule.beat(*args))] + ([rule.few(*args)] if rule.few else [])
+    if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
+        lines = rule.one_round(*args)
+    else:
+        lines = [(rule.fill(*args), rule.beat(*args))]
+    lines += [rule.few(*args)] if rule.few else []
+    lines += rule.paths(*args) if rule.paths else []
     return float(max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines))
 
 
