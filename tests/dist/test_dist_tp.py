@@ -80,24 +80,29 @@ def _tp_pipeline(groups: list[tuple[int, ...]], cuts: list[int], mbs: int, m: in
 PLANS = {
     # Pipeline 0: two TP-2 stages; pipeline 1: two single-device stages cut elsewhere, so the
     # gradient blocks [0, 2), [2, 3), [3, 6) have owners of degree 2 and 1.
-    "tiny-llama": [([(0, 1), (2, 3)], [0, 3, 6], 2), ([(4,), (5,)], [0, 2, 6], 3)],
+    "tiny-llama": ("tiny-llama", [([(0, 1), (2, 3)], [0, 3, 6], 2), ([(4,), (5,)], [0, 2, 6], 3)]),
     # Tied embedding/head and biases: one TP-4 stage holding the whole model (one tied tensor)
     # next to two single-device stages (a copy on each end) and a TP-2 pipeline.
-    "tiny-gpt": [
-        ([(0, 1, 2, 3)], [0, 6], 2),
-        ([(4,), (5,)], [0, 3, 6], 2),
-        ([(6, 7)], [0, 6], 1),
-    ],
+    "tiny-gpt": (
+        "tiny-gpt",
+        [([(0, 1, 2, 3)], [0, 6], 2), ([(4,), (5,)], [0, 3, 6], 2), ([(6, 7)], [0, 6], 1)],
+    ),
+    # The degree changes inside a pipeline (`runtime.lanes`): TP-2 then TP-1 beside a plain
+    # pipeline cut elsewhere (the embedding on a TP stage, the head not) ...
+    "2-1": ("tiny-llama", [([(0, 1), (2,)], [0, 4, 6], 2), ([(4,), (5,)], [0, 2, 6], 2)]),
+    # ... and 1 -> 2 -> 1 with the tied embedding/head on the plain ends, beside one device
+    # holding the whole model: activations widen and narrow, gradients narrow and widen.
+    "1-2-1": ("tiny-gpt", [([(0,), (1, 2), (3,)], [0, 2, 4, 6], 3), ([(4,)], [0, 6], 1)]),
 }
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("model", PLANS)
-def test_pipelines_with_and_without_tp_train_as_one_process(tmp_path, model):
+@pytest.mark.parametrize("case", PLANS)
+def test_pipelines_with_and_without_tp_train_as_one_process(tmp_path, case):
     from disthelpers import make_plan, train
 
-    pipes = [_tp_pipeline(groups, cuts, 1, m) for groups, cuts, m in PLANS[model]]
-    plan = make_plan(model, pipes)
+    model, pipes = PLANS[case]
+    plan = make_plan(model, [_tp_pipeline(groups, cuts, 1, m) for groups, cuts, m in pipes])
     kw = dict(steps=3, fp64=True, lr=3e-3, clip_grad=0.5, eval_every=3, verify=True)
     results = train(plan, tmp_path, **kw)
     report = results[0].verify

@@ -31,6 +31,7 @@ from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
 from hetpp.runtime.guards import check_step
 from hetpp.runtime.hf_weights import load_stage
+from hetpp.runtime.lanes import LaneStage
 from hetpp.runtime.memory import MemoryProbe
 from hetpp.runtime.metrics import (
     MetricsLog,
@@ -187,8 +188,10 @@ class RankTrainer:
             opts, self.model, self.opt, self.shards
         )
         self.sched = make_scheduler(self.opt, opts, self.start)
+        # A pipeline with TP stages exchanges activations over its lanes' links (`runtime.lanes`)
+        lanes = dict(links=role.links, p2p_group=groups.p2p) if role.p2p else {}
         self.pstages = [
-            TimedStage(
+            (LaneStage if lanes else TimedStage)(
                 module,
                 index,
                 role.num_stages,
@@ -197,6 +200,7 @@ class RankTrainer:
                 slowdown=_slowdown(plan, role, opts),
                 before_last_backward=lambda k=k: self.sync.arm(k),
                 after_last_backward=lambda k=k: self.sync.finish(k),
+                **lanes,
             )
             for k, (module, index) in enumerate(zip(self.model.stages, role.stages))
         ]
