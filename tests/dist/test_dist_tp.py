@@ -108,3 +108,31 @@ def test_pipelines_with_and_without_tp_train_as_one_process(tmp_path, case):
     report = results[0].verify
     assert report.ok and report.max_param_diff <= 1e-10 and report.max_loss_diff <= 1e-10, report
     assert all(r.grad_norm > 0 for r in results[0].records)
+
+
+@pytest.mark.dist
+def test_a_tp_checkpoint_is_a_model_state_that_resumes_with_or_without_tp(tmp_path):
+    from disthelpers import make_plan, train
+
+    from hetpp.runtime import checkpoint
+
+    # Written by TP-2 -> TP-1 beside a plain pipeline, resumed by a single TP-2 stage holding
+    # the whole model; --verify's reference resumes the same files without TP.
+    tp_mixed = make_plan(
+        "tiny-llama",
+        [_tp_pipeline([(0, 1), (2,)], [0, 4, 6], 1, 2), _tp_pipeline([(3,)], [0, 6], 1, 2)],
+    )
+    tp_whole = make_plan("tiny-llama", [_tp_pipeline([(0, 1)], [0, 6], 2, 2)])
+    ckpt = tmp_path / "ckpt"
+    kw = dict(fp64=True, lr=3e-3, checkpoint_dir=str(ckpt))
+    first = train(tp_mixed, tmp_path, steps=2, **kw)
+    files = sorted(p.name for p in checkpoint.latest(ckpt).iterdir())
+    assert files == ["COMPLETE", *(f"layer_{i:04d}.pt" for i in range(6)), "meta.json"]
+    resumed = train(tp_whole, tmp_path, steps=4, resume=True, verify=True, **kw)
+    whole = train(tp_mixed, tmp_path, steps=4, fp64=True, lr=3e-3)
+
+    assert [r.step for res in (first, resumed) for r in res[0].records] == [1, 2, 3, 4]
+    losses = [r.loss for res in (first, resumed) for r in res[0].records]
+    assert losses == pytest.approx([r.loss for r in whole[0].records], abs=1e-10, rel=0)
+    report = resumed[0].verify
+    assert report.ok and report.max_param_diff <= 1e-10, report

@@ -88,13 +88,10 @@ def _check_tp(plan: Plan) -> None:
                 )
 
 
-def check_tp_options(plan: Plan, checkpoint: bool, memory_report: bool) -> None:
-    """What the runtime does not do with TP stages yet: checkpoints (full tensors would be
-    gathered per layer; not built) and the memory report."""
-    if any(pipe.has_tp for pipe in plan.pipelines):
-        for flag, on in (("--checkpoint-dir", checkpoint), ("--memory-report", memory_report)):
-            if on:
-                raise SpecError(f"{flag} is not supported with tensor-parallel stages yet")
+def check_tp_options(plan: Plan, memory_report: bool) -> None:
+    """What the runtime does not do with TP stages yet: the memory report."""
+    if memory_report and any(pipe.has_tp for pipe in plan.pipelines):
+        raise SpecError("--memory-report is not supported with tensor-parallel stages yet")
 
 
 def describe(plan: Plan, precision: str) -> list[str]:

@@ -37,7 +37,7 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
                    field="pipelines")  # fmt: skip
     try:
         check_executable(plan, opts.fp64)  # a plan field the runtime cannot honour
-        check_tp_options(plan, opts.checkpoint_dir is not None, opts.memory_report)
+        check_tp_options(plan, opts.memory_report)
     except SpecError as e:
         raise e.in_file(opts.plan) from None
     if opts.emulate and plan.cluster is None:

@@ -49,7 +49,7 @@ from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.shard import ShardedStep, WholeState
 from hetpp.runtime.stage import TimedStage
-from hetpp.runtime.tp import full_state, parallelize_stage
+from hetpp.runtime.tp import GatheredStage, full_state, parallelize_stage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
@@ -396,10 +396,16 @@ class RankTrainer:
         meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
         # Sharded: the owners first gather the whole optimizer state (collective).
+        # TP: the group gathers its stage (collective) and its rank 0 writes it.
         writes = self.model.layer_indices if self.role.pipeline == 0 else []
-        state = self.opt if self.shards is None else self.shards.full_state(self.opt)
+        model, state = self.model, self.opt
+        if self.shards is not None:
+            state = self.shards.full_state(self.opt)
+        elif self.tp and writes:
+            model = state = GatheredStage(self.model.stages[0], self.opt)
+            writes = writes if self.role.tp_index == 0 else []
         checkpoint.save(
-            self.opts.checkpoint_dir, meta, self.model, state, writes, self.rank, dist.barrier
+            self.opts.checkpoint_dir, meta, model, state, writes, self.rank, dist.barrier
         )
 
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:
