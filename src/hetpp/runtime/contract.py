@@ -88,12 +88,6 @@ def _check_tp(plan: Plan) -> None:
                 )
 
 
-def check_tp_options(plan: Plan, memory_report: bool) -> None:
-    """What the runtime does not do with TP stages yet: the memory report."""
-    if memory_report and any(pipe.has_tp for pipe in plan.pipelines):
-        raise SpecError("--memory-report is not supported with tensor-parallel stages yet")
-
-
 def describe(plan: Plan, precision: str) -> list[str]:
     """What the runtime executes of `plan`, as rank 0 prints it before the first step;
     `precision` says how the plan's precision runs (`Precision.describe`)."""

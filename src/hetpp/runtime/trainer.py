@@ -237,12 +237,14 @@ class RankTrainer:
             for stage in stages:
                 load_stage(stage, opts.init_from)
         model.to(self.device)
-        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans)
-        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
-        for stage, index in zip(stages, role.stages):
+        for stage in stages:
             self.precision.prepare(stage, self.device)
             if self.tp:
                 parallelize_stage(stage, DeviceMesh.from_group(groups.tp, self.device.type))
+        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans),
+        # and counts the parameters as the rank holds them (TP: its shards)
+        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
+        for stage, index in zip(stages, role.stages):
             if self.pipe.stages[index].recomputes(plan.train):
                 recompute_blocks(stage, self.probe.meter if self.probe else None)
         return model
