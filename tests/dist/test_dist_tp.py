@@ -91,8 +91,9 @@ PLANS = {
     # pipeline cut elsewhere (the embedding on a TP stage, the head not) ...
     "2-1": ("tiny-llama", [([(0, 1), (2,)], [0, 4, 6], 2), ([(4,), (5,)], [0, 2, 6], 2)]),
     # ... and 1 -> 2 -> 1 with the tied embedding/head on the plain ends, beside one device
-    # holding the whole model: activations widen and narrow, gradients narrow and widen.
-    "1-2-1": ("tiny-gpt", [([(0,), (1, 2), (3,)], [0, 2, 4, 6], 3), ([(4,)], [0, 6], 1)]),
+    # holding the whole model: activations widen and narrow, gradients narrow and widen; under
+    # GPipe (torch sorts its sends by peer there), the others under 1F1B.
+    "1-2-1": ("tiny-gpt", [([(0,), (1, 2), (3,)], [0, 2, 4, 6], 3), ([(4,)], [0, 6], 1)], "gpipe"),
 }
 
 
@@ -101,8 +102,9 @@ PLANS = {
 def test_pipelines_with_and_without_tp_train_as_one_process(tmp_path, case):
     from disthelpers import make_plan, train
 
-    model, pipes = PLANS[case]
-    plan = make_plan(model, [_tp_pipeline(groups, cuts, 1, m) for groups, cuts, m in pipes])
+    model, pipes, *schedule = PLANS[case]
+    pipes = [_tp_pipeline(groups, cuts, 1, m) for groups, cuts, m in pipes]
+    plan = make_plan(model, pipes, *schedule)
     kw = dict(steps=3, fp64=True, lr=3e-3, clip_grad=0.5, eval_every=3, verify=True)
     results = train(plan, tmp_path, **kw)
     report = results[0].verify
