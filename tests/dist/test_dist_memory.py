@@ -39,3 +39,26 @@ def test_memory_report_matches_the_cost_model(tmp_path):
     # Rank 0 (pipeline 0, stage 0: embedding + 2 blocks) recomputes in the second run.
     assert again[0]["measured_activation_bytes"] < 0.5 * plain[0]["measured_activation_bytes"]
     assert again[1]["measured_bytes"] == plain[1]["measured_bytes"]  # untouched stage
+
+
+
+def test_memory_report_of_tp_stages_matches_the_cost_model(tmp_path):
+    from hetpp.specs import PipelinePlan, StagePlan
+
+    # TP-2 (embedding + 3 blocks) -> TP-1 (block + head) beside a plain pipeline.
+    stages = (StagePlan(devices=(0, 1), layers=(0, 4)), StagePlan(devices=(2,), layers=(4, 6)))
+    tp = PipelinePlan(stages=stages, micro_batch_size=2, num_micro_batches=4)
+    plan = make_plan("tiny-llama", [tp, pipeline([3], [0, 6], 2, 2)], seq_len=32)
+    metrics = tmp_path / "m.jsonl"
+    train(plan, tmp_path, steps=2, memory_report=True, metrics=str(metrics))
+    rows = memory_rows(plan, load_records(metrics, "memory"))
+    assert [(r["rank"], r["stage"]) for r in rows] == [(0, 0), (1, 0), (2, 1), (3, 0)]
+    # Each TP rank holds its shards; its norms (2 per block, 64 wide) whole, where the cost
+    # model splits every block parameter k ways: 3 blocks x 128 x (1 - 1/2) x 16 B more.
+    whole_norms = 3 * 2 * 64 // 2 * 16
+    extra = [whole_norms, whole_norms, 0, 0]
+    for r, more in zip(rows, extra):
+        assert r["measured_states_bytes"] == r["predicted_states_bytes"] + more, r
+        assert r["measured_recv_buffer_bytes"] == r["predicted_recv_buffer_bytes"], r
+        assert abs(r["error"]) <= 0.05, r
+    assert rows[0]["measured_bytes"] == rows[1]["measured_bytes"]  # one share per TP rank

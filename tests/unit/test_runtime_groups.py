@@ -80,3 +80,51 @@ def test_a_rank_of_a_multi_chunk_pipeline_owns_every_stage_placed_on_it():
     assert ranks.tied == (0, 1, 3)
     # One owner per pipeline per block; rank 1 has buckets spanning two of its stages.
     assert ranks.buckets[:2] == ((((1, 2), (5, 6)), (1, 0)), (((2, 3), (4, 5)), (1, 2)))
+
+
+def _tp_plan(groups: list[tuple[int, ...]]) -> Plan:
+    cuts = [0, 3, 6] if len(groups) == 2 else [0, 2, 4, 6]
+    stages = tuple(
+        StagePlan(devices=g, layers=(a, b)) for g, a, b in zip(groups, cuts[:-1], cuts[1:])
+    )
+    pipe = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=3)
+    return Plan(
+        global_batch=3, seq_len=8, model=PRESETS["tiny-gpt"], pipelines=(pipe,)
+    ).validate_plan()
+
+
+def test_a_pipeline_whose_tp_degree_changes_runs_as_lanes():
+    # 1 -> 2 -> 1: two lanes; the narrow stages' ranks are in both, each rank runs its first.
+    ranks = RankMap.of(_tp_plan([(0,), (1, 2), (3,)]))
+    assert ranks.chains == ((0, 1, 3), (0, 2, 3))
+    assert [ranks.role(r).chain for r in range(4)] == [(0, 1, 3), (0, 1, 3), (0, 2, 3), (0, 1, 3)]
+    links = {r: {k.stage: (k.source, k.targets) for k in ranks.role(r).links} for r in range(4)}
+    # Activations: rank 0 sends to both ranks of stage 1, only its TP rank 0 on to stage 2.
+    # Gradients: stage 2 sends to both, only stage 1's TP rank 0 back to stage 0.
+    assert links == {
+        0: {1: (1, (1, 2))},
+        1: {0: (0, (0,)), 2: (3, (3,))},
+        2: {0: (0, ()), 2: (3, ())},
+        3: {1: (1, (1, 2))},
+    }
+    assert all(ranks.role(r).p2p == (0, 1, 2, 3) for r in range(4))
+
+
+def test_lanes_of_degrees_four_and_two_nest():
+    ranks = RankMap.of(_tp_plan([(0, 1, 2, 3), (4, 5)]))
+    assert ranks.chains == ((0, 4), (1, 4), (2, 5), (3, 5))
+    source = {r: [(k.source, k.targets) for k in ranks.role(r).links] for r in range(6)}
+    assert source == {
+        0: [(4, (4,))], 1: [(4, ())], 2: [(5, (5,))], 3: [(5, ())],
+        4: [(0, (0, 1))], 5: [(2, (2, 3))],
+    }  # fmt: skip
+    # One degree: TP rank j talks to TP rank j (torchtitan's lanes); no TP: no links.
+    same = RankMap.of(_tp_plan([(0, 1), (2, 3)]))
+    assert [[(k.source, k.targets) for k in same.role(r).links] for r in range(4)] == [
+        [(2, (2,))],
+        [(3, (3,))],
+        [(0, (0,))],
+        [(1, (1,))],
+    ]
+    plain = RankMap.of(_tp_plan([(0,), (1,)]))
+    assert all(plain.role(r).links == () and plain.role(r).p2p == () for r in range(2))

@@ -24,7 +24,10 @@ def memory_rows(plan: Plan, measured: list[dict[str, Any]]) -> list[dict[str, An
     """The measured `{"kind": "memory"}` records with the prediction and the error added."""
     cm = cost_model_for_plan(plan)
     stages, _ = stage_costs(plan, cm)
-    by_device = {st.device: st for st in stages}
+    # every rank of a TP stage holds the same share (`cost.tp`)
+    by_device = {
+        d: st for st in stages for d in plan.pipelines[st.pipeline].stages[st.stage].devices
+    }
     rows = []
     for m in measured:
         st = by_device[m["device"]]

@@ -39,6 +39,7 @@ from hetpp.runtime.checkpoint_meta import (
 )
 from hetpp.runtime.guards import NonFiniteError
 from hetpp.runtime.model import TIED_EMBEDDING_PARAM, RankModel, StageModule
+from hetpp.runtime.tp import GatheredStage, like
 from hetpp.specs.errors import SpecError
 
 __all__ = ["CheckpointMeta", "latest", "load", "read_meta", "save"]
@@ -59,7 +60,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _layer_state(stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int) -> dict:
+Stage = StageModule | RankModel | GatheredStage
+"""What `save` reads the layers of (a TP stage: gathered first, `tp.GatheredStage`)."""
+
+
+def _layer_state(stage: Stage, opt: torch.optim.Optimizer, index: int) -> dict:
     params = dict(stage.own_parameters(index))
     return {
         "layer": index,
@@ -72,9 +77,7 @@ def _layer_state(stage: StageModule | RankModel, opt: torch.optim.Optimizer, ind
     }
 
 
-def _write_layer(
-    tmp: Path, stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int
-) -> None:
+def _write_layer(tmp: Path, stage: Stage, opt: torch.optim.Optimizer, index: int) -> None:
     state = _layer_state(stage, opt, index)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -94,8 +97,8 @@ def _write_layer(
 def save(
     ckpt_dir: str | Path,
     meta: CheckpointMeta,
-    stage: StageModule | RankModel,
-    opt: torch.optim.Optimizer,
+    stage: Stage,
+    opt: torch.optim.Optimizer | GatheredStage,
     layers: list[int],
     rank: int,
     barrier: Callable[[], None],
@@ -147,14 +150,24 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
 
 
 def _load_state(
-    p: torch.nn.Parameter, opt: torch.optim.Optimizer, value: torch.Tensor, state: dict | None
+    stage: StageModule,
+    name: str,
+    p: torch.nn.Parameter,
+    opt: torch.optim.Optimizer,
+    value: torch.Tensor,
+    state: dict | None,
 ) -> None:
+    """Parameter `name` of `stage` and its optimizer state from the files' unsharded tensors
+    (a TP shard takes its part, `tp.like`)."""
     with torch.no_grad():
-        p.copy_(value)
+        p.copy_(like(p, name, value.to(p.device, p.dtype), stage.config))
     if state is not None:
-        # Moments follow the parameter's device and dtype; scalars (Adam's step) stay on the CPU.
+        # Moments follow the parameter's device, dtype and sharding; scalars (Adam's step) stay
+        # on the CPU.
         opt.state[p] = {
-            k: v.to(p.device, p.dtype) if torch.is_tensor(v) and v.ndim else v
+            k: like(p, name, v.to(p.device, p.dtype), stage.config)
+            if torch.is_tensor(v) and v.ndim
+            else v
             for k, v in state.items()
         }
 
@@ -202,11 +215,13 @@ def load(path: str | Path, stage: StageModule, opt: torch.optim.Optimizer) -> Ch
             if name not in data["params"]:
                 raise SpecError(f"parameter {name} is missing", file=str(root / layer_file(i)))
             _check_shape(root / layer_file(i), name, p, data["params"][name])
-            _load_state(p, opt, data["params"][name], data["optim"].get(name))
+            _load_state(stage, name, p, opt, data["params"][name], data["optim"].get(name))
     tied = stage.tied_weight()
     if tied is not None and stage.start != 0:  # a head holding its own copy of the tied weight
         data = _read_layer(root, 0, meta)
         value = data["params"][TIED_EMBEDDING_PARAM]
         _check_shape(root / layer_file(0), TIED_EMBEDDING_PARAM, tied, value)
-        _load_state(tied, opt, value, data["optim"].get(TIED_EMBEDDING_PARAM))
+        _load_state(
+            stage, TIED_EMBEDDING_PARAM, tied, opt, value, data["optim"].get(TIED_EMBEDDING_PARAM)
+        )
     return meta

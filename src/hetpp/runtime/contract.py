@@ -69,10 +69,10 @@ def _check_schedule(plan: Plan, p: int) -> None:
 
 
 def _check_tp(plan: Plan) -> None:
-    """TP stages the runtime runs: one degree per pipeline (rank j of every TP group of a
-    pipeline runs its schedule together, as torchtitan combines PP and TP), a power of two
-    (gradient pieces over owners of different degrees must nest, `gradsync`), unsharded and
-    one stage per device (the plan check refuses TP under multi-chunk schedules)."""
+    """TP stages the runtime runs: degrees that are powers of two (gradient pieces over owners
+    of different degrees must nest, `gradsync`, and so must the lanes of a pipeline whose degree
+    changes, `runtime/lanes.py`), unsharded, one stage per device (the plan check refuses TP
+    under multi-chunk schedules)."""
     if plan.sharding != "none" and any(pipe.has_tp for pipe in plan.pipelines):
         raise SpecError(
             f"sharding {plan.sharding!r} with tensor-parallel stages: the runtime does not shard "
@@ -80,28 +80,12 @@ def _check_tp(plan: Plan) -> None:
             field="sharding",
         )
     for p, pipe in enumerate(plan.pipelines):
-        degrees = sorted({st.tp for st in pipe.stages})
-        if len(degrees) > 1:
-            raise SpecError(
-                f"TP degrees {degrees} in one pipeline: the runtime runs one degree per "
-                "pipeline (other pipelines may have another, or none)",
-                field=f"pipelines[{p}].stages",
-            )
-        k = degrees[0]
-        if k & (k - 1):
-            raise SpecError(
-                f"a TP degree of {k}: the runtime runs powers of two",
-                field=f"pipelines[{p}].stages[0].devices",
-            )
-
-
-def check_tp_options(plan: Plan, checkpoint: bool, memory_report: bool) -> None:
-    """What the runtime does not do with TP stages yet: checkpoints (full tensors would be
-    gathered per layer; not built) and the memory report."""
-    if any(pipe.has_tp for pipe in plan.pipelines):
-        for flag, on in (("--checkpoint-dir", checkpoint), ("--memory-report", memory_report)):
-            if on:
-                raise SpecError(f"{flag} is not supported with tensor-parallel stages yet")
+        for s, st in enumerate(pipe.stages):
+            if st.tp & (st.tp - 1):
+                raise SpecError(
+                    f"a TP degree of {st.tp}: the runtime runs powers of two",
+                    field=f"pipelines[{p}].stages[{s}].devices",
+                )
 
 
 def describe(plan: Plan, precision: str) -> list[str]:

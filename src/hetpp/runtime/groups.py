@@ -1,10 +1,13 @@
 """Who runs what: rank <-> plan device, each rank's pipeline and stages, and the process groups.
 
 Ranks are the plan's device ids in increasing order, so a plan over devices 0..N-1 runs rank r on
-device r. A tensor-parallel stage of k devices is k ranks (its TP group); as torchtitan combines
-PP and TP, rank j of every TP group of a pipeline forms one chain that runs the pipeline schedule
-(each TP rank sends and receives the full, replicated activations of its counterpart), so the
-stages of one pipeline share a degree (`runtime/contract.py`).
+device r. A tensor-parallel stage of k devices is k ranks (its TP group). As torchtitan combines
+PP and TP, a pipeline runs as lanes: with K the largest degree of its stages, lane L holds TP rank
+L * k // K of each stage of degree k (a rank of a narrower stage is in K / k lanes), and every
+rank runs the pipeline schedule as stage s of its first lane. Activations between stages are
+replicated over a TP group (after the row-parallel reduction), as are the gradients sent back, so
+each receiver takes them from one rank of the neighbouring stage and a sender sends to every
+rank that takes them from it (`Link`, `runtime/lanes.py`): degrees may change along a pipeline.
 `RankMap` works this out once from the plan; everything else asks it. `dist.new_group` is
 collective over the whole world, so every rank creates every group, in one order computed from
 the plan alone.
@@ -19,6 +22,34 @@ import torch.distributed as dist
 
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, grad_buckets
+
+
+@dataclass(frozen=True)
+class Link:
+    """Who a TP pipeline's rank exchanges activations and gradients with at a neighbouring stage
+    (their values are replicated over each TP group): TP rank j of a stage of degree k receives
+    from TP rank j * k' // k of its neighbour of degree k', and sends to every rank t of it with
+    t * k // k' == j (one rank each way when the degrees agree; several, or none, where they
+    change)."""
+
+    stage: int
+    """The neighbouring stage (this rank's stage plus or minus one)."""
+    source: int
+    """The rank this one receives from (activations from the stage before, gradients from the
+    one after)."""
+    targets: tuple[int, ...]
+    """The ranks this one sends to."""
+
+
+def links(groups: list[tuple[int, ...]], s: int, j: int) -> tuple[Link, ...]:
+    """The links of TP rank `j` of stage `s` of a pipeline whose stages run on `groups` (ranks)."""
+    k, out = len(groups[s]), []
+    for n in (s - 1, s + 1):
+        if 0 <= n < len(groups):
+            peer = groups[n]
+            targets = tuple(r for t, r in enumerate(peer) if t * k // len(peer) == j)
+            out.append(Link(n, peer[j * len(peer) // k], targets))
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +85,12 @@ class Role:
     runs one stage, `runtime/contract.py`)."""
     chain: tuple[int, ...]
     """Ranks that run the pipeline schedule with this one, group rank i the pipeline's device i
-    (the pipeline's ranks without TP; with TP, the ranks of the same TP index in every stage)."""
+    (the pipeline's ranks without TP; with TP, this rank's first lane)."""
+    links: tuple[Link, ...] = ()
+    """In a pipeline with TP stages, whom it exchanges activations and gradients with (empty
+    without TP: the schedule's own peers, `chain`)."""
+    p2p: tuple[int, ...] = ()
+    """In a pipeline with TP stages, every rank of it (sorted): the group its P2P crosses."""
 
     @property
     def tp_index(self) -> int:
@@ -85,7 +121,7 @@ class RankMap:
     tp_groups: tuple[tuple[int, ...], ...]
     """Every TP group of more than one rank (stage order, pipeline by pipeline)."""
     chains: tuple[tuple[int, ...], ...]
-    """Every chain of ranks that runs a pipeline schedule (`Role.chain`)."""
+    """Every lane of ranks that runs a pipeline schedule (`Role.chain`)."""
 
     @classmethod
     def of(cls, plan: Plan) -> RankMap:
@@ -100,22 +136,29 @@ class RankMap:
         chains = []
         for p, pipe in enumerate(plan.pipelines):
             groups = [tuple(rank[d] for d in st.devices) for st in pipe.stages]
-            # chain j: TP rank j of every stage (one degree per pipeline), each rank once
-            mine = [tuple(dict.fromkeys(g[j] for g in groups)) for j in range(len(groups[0]))]
-            chains += mine
-            for chain in mine:
-                for r in chain:
-                    own = owned[r]
-                    roles[r] = Role(
-                        rank=r,
-                        device=devices[r],
-                        pipeline=p,
-                        stages=tuple(own),
-                        num_stages=len(pipe.stages),
-                        layers=tuple(pipe.stages[s].layers for s in own),
-                        tp_ranks=groups[own[0]],
-                        chain=chain,
-                    )
+            most = max(len(g) for g in groups)
+            # lane L: TP rank L * k // K of every stage; without TP, the pipeline, each rank once
+            lanes = [
+                tuple(dict.fromkeys(g[i * len(g) // most] for g in groups)) for i in range(most)
+            ]
+            chains += lanes
+            p2p = tuple(sorted(r for g in groups for r in g)) if pipe.has_tp else ()
+            for r in dict.fromkeys(r for g in groups for r in g):
+                own = owned[r]
+                tp_ranks = groups[own[0]]
+                j = tp_ranks.index(r)
+                roles[r] = Role(
+                    rank=r,
+                    device=devices[r],
+                    pipeline=p,
+                    stages=tuple(own),
+                    num_stages=len(pipe.stages),
+                    layers=tuple(pipe.stages[s].layers for s in own),
+                    tp_ranks=tp_ranks,
+                    chain=lanes[j * most // len(tp_ranks)],
+                    links=links(groups, own[0], j) if p2p else (),
+                    p2p=p2p,
+                )
         pipelines = tuple(tuple(rank[d] for d in pipe.devices) for pipe in plan.pipelines)
         buckets = tuple((b.blocks, tuple(rank[d] for d in b.owners)) for b in grad_buckets(plan))
         tied = ()
@@ -205,6 +248,13 @@ class Groups:
             g = dist.new_group(list(members), timeout=timeout)
             if members == role.tp_ranks:
                 self.tp = g
+        self.p2p: dist.ProcessGroup | None = None
+        """In a pipeline with TP stages, the group of all its ranks, which its P2P crosses (a
+        batch of P2P ops is on one group; a sender's peers can be in several lanes)."""
+        for members in dict.fromkeys(r.p2p for r in ranks.roles if r.p2p):
+            g = dist.new_group(list(members), timeout=timeout)
+            if members == role.p2p:
+                self.p2p = g
         sets = []
         for _, owners in ranks.buckets:
             pieces = ranks.piece_groups(owners)

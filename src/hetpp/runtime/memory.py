@@ -28,6 +28,8 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hetpp.runtime.tp import local_tensor
+
 
 class SavedTensorMeter:
     """Live and peak bytes of the storages held for backward."""
@@ -54,7 +56,7 @@ class SavedTensorMeter:
         """Count `tensor`'s storage for as long as the tensor lives (a recomputed block's input,
         which the checkpoint keeps until the block's backward; a stage's output, which torch's
         stage keeps until the micro-batch's backward; with `copy`, a weight copy)."""
-        storage = tensor.untyped_storage()
+        storage = _storage(tensor)
         key, nbytes = storage.data_ptr(), storage.nbytes()
         if key in self.exclude or nbytes == 0:
             return
@@ -97,6 +99,11 @@ class SavedTensorMeter:
             del self.live[key]
 
 
+def _storage(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage `t`'s bytes live in (a DTensor's: its local shard's, what the rank holds)."""
+    return local_tensor(t).untyped_storage()
+
+
 def _unpack(packed: tuple[Any, torch.Tensor]) -> torch.Tensor:
     return packed[1]
 
@@ -105,7 +112,7 @@ class _Handle:
     """Counts one saved tensor's storage while autograd keeps this object."""
 
     def __init__(self, meter: SavedTensorMeter, t: torch.Tensor):
-        storage = t.untyped_storage()
+        storage = _storage(t)
         self.meter, self.key = meter, storage.data_ptr()
         if self.key in meter.exclude or storage.nbytes() == 0:
             self.meter = None
@@ -140,13 +147,13 @@ def state_bytes(module: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     tensors += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     for t in tensors:
         if t is not None and t.ndim:
-            s = t.untyped_storage()
+            s = _storage(t)
             seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
 
 
 def parameter_storages(module: torch.nn.Module) -> set[int]:
-    return {p.untyped_storage().data_ptr() for p in module.parameters()}
+    return {_storage(p).data_ptr() for p in module.parameters()}
 
 
 def recv_buffer_storages(stage: PipelineStage) -> dict[int, int]:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from hetpp.runtime.checkpoint_meta import check_files, check_resumable, latest
-from hetpp.runtime.contract import check_executable, check_tp_options
+from hetpp.runtime.contract import check_executable
 from hetpp.runtime.options import TrainOptions
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import check_output_dir, check_output_file
@@ -37,7 +37,6 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
                    field="pipelines")  # fmt: skip
     try:
         check_executable(plan, opts.fp64)  # a plan field the runtime cannot honour
-        check_tp_options(plan, opts.checkpoint_dir is not None, opts.memory_report)
     except SpecError as e:
         raise e.in_file(opts.plan) from None
     if opts.emulate and plan.cluster is None:

@@ -12,8 +12,8 @@ heads (the only bookkeeping of the model that changes).
 hetpp's q/k/v projection is one fused matrix, rows [q | k | v]. A contiguous row split of it
 would give rank 0 all of q and none of v, so its rows are first permuted into
 [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (rank j's query heads, then its KV heads, `qkv_rows`), and
-`full_state` undoes it: `--verify` sees the unsharded layout (checkpoints of TP stages, which
-would gather the same way, are not written yet: `contract.check_tp_options`).
+`whole` undoes it: `--verify` (`full_state`) and checkpoints (`GatheredStage`; `like` shards a
+loaded tensor back) see the unsharded layout, so a checkpoint is a model state, not a layout.
 
 The trainer calls `parallelize_stage` on every rank of a TP stage; `gradsync` reduces the
 shards (`shard_dims`, `qkv_piece_rows`).
@@ -21,11 +21,11 @@ shards (`shard_dims`, `qkv_piece_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -89,20 +89,61 @@ def parallelize_stage(stage: StageModule, mesh: DeviceMesh) -> None:
         layer.attn.kv_heads //= tp
 
 
+def whole(t: torch.Tensor, name: str, c: ModelConfig) -> torch.Tensor:
+    """Parameter `name` of a block (or a tensor of its optimizer state, sharded alike) as the
+    unsharded model holds it: a DTensor gathered (collective over its TP group), the q/k/v rows
+    put back; a plain tensor as it is."""
+    if not isinstance(t, DTensor):
+        return t
+    full = t.full_tensor()
+    return full[torch.argsort(qkv_rows(c, t.device_mesh.size()))] if name in QKV else full
+
+
+def like(p: torch.Tensor, name: str, value: torch.Tensor, c: ModelConfig) -> torch.Tensor:
+    """`value`, in the unsharded model's layout, as parameter `p` (`name`) holds it: for a DTensor
+    its rows permuted as `parallelize_stage` does and this rank's shard taken (no collective:
+    every rank has the whole value); otherwise `value` itself. Inverse of `whole`."""
+    if not isinstance(p, DTensor):
+        return value
+    if name in QKV:
+        value = value[qkv_rows(c, p.device_mesh.size())]
+    return distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
+
+
 def full_state(stage: StageModule, grads: bool = False) -> dict[tuple[int, str], torch.Tensor]:
     """Every parameter (or, with `grads`, its gradient) of `stage` as the unsharded model holds
     it, keyed by (layer index, name) as `reference.stage_parameters` (tied copies included), on
-    the CPU: sharded ones gathered (collective over the TP group), the q/k/v rows put back."""
+    the CPU (collective over the TP group, `whole`)."""
     out = {}
     for i in range(stage.start, stage.end):
         for name, p in stage.layer(i).named_parameters(remove_duplicate=False):
-            t = p.grad if grads else p
-            if isinstance(t, DTensor):
-                t = t.full_tensor()
-                if name in QKV:
-                    t = t[torch.argsort(qkv_rows(stage.config, p.device_mesh.size()))]
-            out[(i, name)] = t.detach().cpu()
+            out[(i, name)] = whole(p.grad if grads else p, name, stage.config).detach().cpu()
     return out
+
+
+class GatheredStage:
+    """A TP stage's layers and optimizer state as the unsharded stage holds them (`whole`;
+    built on every rank of the TP group, collective): what `checkpoint.save` reads of a stage
+    (`config`, `own_parameters`) and of its optimizer (`state`), so a TP checkpoint is the same
+    files as any other."""
+
+    def __init__(self, stage: StageModule, opt: torch.optim.Optimizer):
+        self.config = stage.config
+        self.layers: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self.state: dict[torch.Tensor, dict] = {}
+        for i in range(stage.start, stage.end):
+            self.layers[i] = []
+            for name, p in stage.own_parameters(i):
+                full = whole(p.detach(), name, self.config)
+                self.layers[i].append((name, full))
+                if p in opt.state:  # one order on every rank: the collectives match
+                    self.state[full] = {
+                        k: whole(v, name, self.config) if torch.is_tensor(v) else v
+                        for k, v in opt.state[p].items()
+                    }
+
+    def own_parameters(self, index: int) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.layers[index])
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from hetpp.runtime.gradsync import GradSync
 from hetpp.runtime.groups import Groups, RankMap, Role, plan_rank
 from hetpp.runtime.guards import check_step
 from hetpp.runtime.hf_weights import load_stage
+from hetpp.runtime.lanes import LaneStage
 from hetpp.runtime.memory import MemoryProbe
 from hetpp.runtime.metrics import (
     MetricsLog,
@@ -48,7 +49,7 @@ from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
 from hetpp.runtime.shard import ShardedStep, WholeState
 from hetpp.runtime.stage import TimedStage
-from hetpp.runtime.tp import full_state, parallelize_stage
+from hetpp.runtime.tp import GatheredStage, full_state, parallelize_stage
 from hetpp.specs.cluster import emulate_slowdown
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan, load_plan
@@ -187,8 +188,10 @@ class RankTrainer:
             opts, self.model, self.opt, self.shards
         )
         self.sched = make_scheduler(self.opt, opts, self.start)
+        # A pipeline with TP stages exchanges activations over its lanes' links (`runtime.lanes`)
+        lanes = dict(links=role.links, p2p_group=groups.p2p) if role.p2p else {}
         self.pstages = [
-            TimedStage(
+            (LaneStage if lanes else TimedStage)(
                 module,
                 index,
                 role.num_stages,
@@ -197,6 +200,7 @@ class RankTrainer:
                 slowdown=_slowdown(plan, role, opts),
                 before_last_backward=lambda k=k: self.sync.arm(k),
                 after_last_backward=lambda k=k: self.sync.finish(k),
+                **lanes,
             )
             for k, (module, index) in enumerate(zip(self.model.stages, role.stages))
         ]
@@ -233,12 +237,14 @@ class RankTrainer:
             for stage in stages:
                 load_stage(stage, opts.init_from)
         model.to(self.device)
-        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans)
-        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
-        for stage, index in zip(stages, role.stages):
+        for stage in stages:
             self.precision.prepare(stage, self.device)
             if self.tp:
                 parallelize_stage(stage, DeviceMesh.from_group(groups.tp, self.device.type))
+        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans),
+        # and counts the parameters as the rank holds them (TP: its shards)
+        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
+        for stage, index in zip(stages, role.stages):
             if self.pipe.stages[index].recomputes(plan.train):
                 recompute_blocks(stage, self.probe.meter if self.probe else None)
         return model
@@ -392,10 +398,16 @@ class RankTrainer:
         meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
         # Sharded: the owners first gather the whole optimizer state (collective).
+        # TP: the group gathers its stage (collective) and its rank 0 writes it.
         writes = self.model.layer_indices if self.role.pipeline == 0 else []
-        state = self.opt if self.shards is None else self.shards.full_state(self.opt)
+        model, state = self.model, self.opt
+        if self.shards is not None:
+            state = self.shards.full_state(self.opt)
+        elif self.tp and writes:
+            model = state = GatheredStage(self.model.stages[0], self.opt)
+            writes = writes if self.role.tp_index == 0 else []
         checkpoint.save(
-            self.opts.checkpoint_dir, meta, self.model, state, writes, self.rank, dist.barrier
+            self.opts.checkpoint_dir, meta, model, state, writes, self.rank, dist.barrier
         )
 
     def verify(self, records: list[StepMetrics]) -> VerifyReport | None:
