@@ -39,6 +39,7 @@ from hetpp.runtime.checkpoint_meta import (
 )
 from hetpp.runtime.guards import NonFiniteError
 from hetpp.runtime.model import TIED_EMBEDDING_PARAM, RankModel, StageModule
+from hetpp.runtime.shard import WholeState
 from hetpp.specs.errors import SpecError
 
 __all__ = ["CheckpointMeta", "latest", "load", "read_meta", "save"]
@@ -59,11 +60,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _layer_state(stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int) -> dict:
+State = torch.optim.Optimizer | WholeState
+"""Where a checkpoint's optimizer state is read from and loaded into: an optimizer stepping the
+parameters themselves, or their whole state (`runtime.shard`: gathered from shards, or keyed
+from fp32 masters, whose values are stored in the half-precision parameters' place)."""
+
+
+def _layer_state(stage: StageModule | RankModel, opt: State, index: int) -> dict:
     params = dict(stage.own_parameters(index))
+    values = opt.values if isinstance(opt, WholeState) else {}
     return {
         "layer": index,
-        "params": {n: p.detach().cpu() for n, p in params.items()},
+        "params": {n: values.get(p, p).detach().cpu() for n, p in params.items()},
         "optim": {
             n: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in opt.state[p].items()}
             for n, p in params.items()
@@ -72,9 +80,7 @@ def _layer_state(stage: StageModule | RankModel, opt: torch.optim.Optimizer, ind
     }
 
 
-def _write_layer(
-    tmp: Path, stage: StageModule | RankModel, opt: torch.optim.Optimizer, index: int
-) -> None:
+def _write_layer(tmp: Path, stage: StageModule | RankModel, opt: State, index: int) -> None:
     state = _layer_state(stage, opt, index)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -95,7 +101,7 @@ def save(
     ckpt_dir: str | Path,
     meta: CheckpointMeta,
     stage: StageModule | RankModel,
-    opt: torch.optim.Optimizer,
+    opt: State,
     layers: list[int],
     rank: int,
     barrier: Callable[[], None],
@@ -146,15 +152,17 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
     _fsync_dir(root)
 
 
-def _load_state(
-    p: torch.nn.Parameter, opt: torch.optim.Optimizer, value: torch.Tensor, state: dict | None
-) -> None:
+def _load_state(p: torch.nn.Parameter, opt: State, value: torch.Tensor, state: dict | None) -> None:
     with torch.no_grad():
         p.copy_(value)
+    # Moments follow the parameter's device and dtype (a master's, for fp32 masters of
+    # half-precision parameters); scalars (Adam's step) stay on the CPU.
+    dtype = opt.dtype if isinstance(opt, WholeState) and opt.dtype is not None else p.dtype
+    if isinstance(opt, WholeState):
+        opt.values[p] = value.to(p.device, dtype)
     if state is not None:
-        # Moments follow the parameter's device and dtype; scalars (Adam's step) stay on the CPU.
         opt.state[p] = {
-            k: v.to(p.device, p.dtype) if torch.is_tensor(v) and v.ndim else v
+            k: v.to(p.device, dtype) if torch.is_tensor(v) and v.ndim else v
             for k, v in state.items()
         }
 
@@ -190,7 +198,7 @@ def _check_shape(path: Path, name: str, p: torch.nn.Parameter, value: torch.Tens
         )
 
 
-def load(path: str | Path, stage: StageModule, opt: torch.optim.Optimizer) -> CheckpointMeta:
+def load(path: str | Path, stage: StageModule, opt: State) -> CheckpointMeta:
     """Load the stage's layers (weights and optimizer state) from a complete checkpoint."""
     root = Path(path)
     meta = read_meta(root)
