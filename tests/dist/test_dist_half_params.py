@@ -5,17 +5,17 @@ Exactness runs the same code path in float64 (`--fp64`: float64 parameters, floa
 against single-process training that steps its float64 parameters directly (the reference makes
 no masters when they would have the parameters' dtype, so a fault in `MasterWeights` shows);
 the bf16 run is compared with a single process doing the same mixed precision (bf16 parameters
-and gradients, fp32 masters). Bucket sizes of the tiny models
+and gradients, fp32 masters). Sharded fp64 checkpoints of half-precision parameters:
+`tests/dist/test_dist_sharding.py` (its checkpoint test runs both ways). Bucket sizes of the tiny models
 do not divide by their 2 or 3 owners, so the last shards end in padding."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from disthelpers import make_plan, pipeline, train
+from disthelpers import checkpoint_layers, make_plan, pipeline, train
 
 from hetpp.runtime import checkpoint
-from hetpp.runtime.checkpoint_meta import layer_file
 
 pytestmark = pytest.mark.dist
 
@@ -85,47 +85,6 @@ def test_bf16_run_matches_a_single_process_doing_the_same_mixed_precision(tmp_pa
     assert all(r.grad_norm > OPTS["clip_grad"] for r in results[0].records)
 
 
-def _layers(path) -> list[dict]:
-    return [torch.load(path / layer_file(i), weights_only=True) for i in range(6)]
-
-
-def _max_diff(a: list[dict], b: list[dict]) -> float:
-    diff = 0.0
-    for x, y in zip(a, b):
-        assert x["params"].keys() == y["params"].keys() and x["optim"].keys() == y["optim"].keys()
-        for n in x["params"]:
-            assert x["params"][n].dtype == y["params"][n].dtype
-            diff = max(diff, float((x["params"][n] - y["params"][n]).abs().max()))
-            for k, v in x["optim"][n].items():
-                assert v.shape == y["optim"][n][k].shape  # whole parameters, not shards
-                diff = max(diff, float((v - y["optim"][n][k]).abs().max()))
-    return diff
-
-
-def test_checkpoint_holds_whole_masters_and_resumes(tmp_path):
-    model, pipes, _ = CASES["gpt-3pipes-3+2+1-sharded"]
-    plan = _half(model, pipes, "optimizer")
-    opts = {"fp64": True, "weight_decay": 0.1, "lr_schedule": "cosine", "decay_steps": 4}
-    sharded_ckpt, plain_ckpt = tmp_path / "sharded", tmp_path / "plain"
-    first = train(plan, tmp_path, steps=2, checkpoint_dir=str(sharded_ckpt), **opts)
-    plain = plan.model_copy(update={"sharding": "none"})
-    train(plain, tmp_path, steps=2, checkpoint_dir=str(plain_ckpt), **opts)
-    # Gathered on save: the same whole-parameter files (masters and moments) unsharded.
-    a, b = checkpoint.latest(sharded_ckpt), checkpoint.latest(plain_ckpt)
-    assert _max_diff(_layers(a), _layers(b)) <= 1e-10
-    assert all(_layers(a)[i]["optim"] for i in range(6))
-    # Resumed sharded (each owner's masters and moments from the whole state), checked against
-    # a single process from the checkpoint, and equal to an uninterrupted run.
-    resumed = train(
-        plan, tmp_path, steps=4, checkpoint_dir=str(sharded_ckpt), resume=True, verify=True, **opts
-    )
-    assert [r.step for r in resumed[0].records] == [3, 4]
-    assert resumed[0].verify is not None and resumed[0].verify.ok, resumed[0].verify
-    whole = train(plan, tmp_path, steps=4, **opts)
-    losses = [r.loss for r in first[0].records + resumed[0].records]
-    assert losses == pytest.approx([r.loss for r in whole[0].records], abs=1e-10, rel=0)
-
-
 def test_bf16_checkpoint_stores_the_fp32_masters(tmp_path):
     """A bf16 run's files hold float32 parameters: the masters, which the bf16 parameters are
     rounded from; resuming takes them back (the masters are not re-made from bf16)."""
@@ -133,7 +92,7 @@ def test_bf16_checkpoint_stores_the_fp32_masters(tmp_path):
     plan = _half(model, pipes, "optimizer")
     ckpt = tmp_path / "ckpt"
     train(plan, tmp_path, steps=2, checkpoint_dir=str(ckpt), **OPTS)
-    layers = _layers(checkpoint.latest(ckpt))
+    layers = checkpoint_layers(checkpoint.latest(ckpt))
     values = [t for x in layers for t in x["params"].values()]
     assert all(t.dtype == torch.float32 for t in values)
     # Some master is not a bf16 value (an update below the bf16 spacing was kept).

@@ -11,7 +11,7 @@ from hetpp.planner import plan as run_planner
 from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
 from hetpp.specs.cluster import Link
 from hetpp.specs.plan import grad_buckets
-from tests.unit.planner_cases import cluster, problem
+from tests.unit.planner_cases import cluster, problem, small_model
 
 
 def test_ring_pass_is_half_an_allreduce():
@@ -178,3 +178,15 @@ def test_planner_shards_mixed_precision_with_masters_in_the_optimizer():
         n = stage_params(model, 0, len(model.layers))
         assert st.memory.weights == st.memory.grads == 2 * n
         assert st.memory.optimizer == pytest.approx(12 * ((n - tied) / 2 + tied))
+
+
+def test_auto_keeps_half_precision_parameters_where_only_they_fit():
+    # 2.25 B parameters on one A100-40GB: 18 B each (fp32 parameters as masters) is 40 GB and
+    # does not fit; 2 + 2 + 12 = 16 B (36 GB) does, unsharded (one device: nothing to shard).
+    cl = cluster(("A100-40GB", 1, 1))
+    model = small_model(28, 2560)
+    assert 18 * model.total_params > 40e9 > 16 * model.total_params + 2e9
+    off = run_planner(problem(cl, model, 8, sharding_mode="none", schedules=()))
+    auto = run_planner(problem(cl, model, 8, sharding_mode="auto", schedules=()))
+    assert not off.feasible
+    assert auto.feasible and auto.plan.sharding == "none" and auto.plan.train.half_params

@@ -53,9 +53,10 @@ def search_with_sharding(
     found = _both_ways(problem, sharded, base, keep_unsharded=mode == "auto")
     if mode == "optimizer" or _memory_short(problem, base):
         pipes = len(base.plan.pipelines) if base.feasible else 1
-        for k in sorted({min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}):
-            if k == 1:
-                continue
+        ks = {min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}
+        # Half-precision parameters hold less unsharded too (2 + 2 + 12 against 2 + 4 + 12).
+        ks = (ks | {1}) if sharded is not problem and mode == "auto" else ks - {1}
+        for k in sorted(ks):
             got = search(replace(sharded, optimizer_shards=k), left())
             found += _both_ways(sharded, sharded, got, keep_unsharded=mode == "auto")
     best = min(found, key=lambda r: r.iteration_time_s, default=None)
