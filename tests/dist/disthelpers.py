@@ -128,3 +128,10 @@ def train(plan: Plan, tmp: Path, **kw: Any) -> list[RunResult]:
     plan.save(path)
     kw.setdefault("timeout_s", TIMEOUT_S)
     return run_ranks(_train_rank, plan.num_devices, str(path), kw)
+
+
+def checkpoint_layers(path: Path, num_layers: int = 6) -> list[dict]:
+    """The layer files of a checkpoint directory, as `torch.load` reads them."""
+    from hetpp.runtime.checkpoint_meta import layer_file
+
+    return [torch.load(path / layer_file(i), weights_only=True) for i in range(num_layers)]

@@ -42,12 +42,16 @@ def _two_steps(rank: int, world: int, init: str, path: str) -> list[tuple[float,
     return out
 
 
-def test_an_overflow_on_one_rank_skips_the_step_everywhere(tmp_path):
+@pytest.mark.parametrize("masters", ["params", "optimizer"])
+def test_an_overflow_on_one_rank_skips_the_step_everywhere(tmp_path, masters):
     plan = make_plan(
         "tiny-gpt",
         [pipeline([0, 1], [0, 3, 6], 1, 2), pipeline([2], [0, 6], 2, 1)],
         precision="fp16",
     )
+    if masters == "optimizer":  # fp16 parameters, sharded fp32 masters: the same loss scaling
+        train = plan.train.model_copy(update={"master_weights": "optimizer"})
+        plan = plan.model_copy(update={"train": train, "sharding": "optimizer"})
     path = tmp_path / "plan.json"
     plan.save(path)
     results = run_ranks(_two_steps, plan.num_devices, str(path))

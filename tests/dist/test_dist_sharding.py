@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from disthelpers import make_plan, pipeline, train
+from disthelpers import checkpoint_layers, make_plan, pipeline, train
 
 from hetpp.report.memory import memory_rows
 from hetpp.runtime import checkpoint
-from hetpp.runtime.checkpoint_meta import layer_file
 from hetpp.runtime.metrics import load_records
 from hetpp.specs.plan import grad_buckets
 
@@ -48,8 +47,14 @@ CASES = {
 }
 
 
-def _sharded(model, pipes, schedule):
-    return make_plan(model, pipes, schedule).model_copy(update={"sharding": "optimizer"})
+def _sharded(model, pipes, schedule, masters="params"):
+    """fp32, or with `masters` "optimizer" bf16 with half-precision parameters and fp32 masters
+    in the optimizer (`tests/dist/test_dist_half_params.py`)."""
+    if masters == "params":
+        return make_plan(model, pipes, schedule).model_copy(update={"sharding": "optimizer"})
+    plan = make_plan(model, pipes, schedule, precision="bf16")
+    train = plan.train.model_copy(update={"master_weights": masters})
+    return plan.model_copy(update={"sharding": "optimizer", "train": train})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -65,15 +70,12 @@ def test_sharded_training_matches_single_process(case, tmp_path):
     assert all(r.grad_norm > opts["clip_grad"] for r in results[0].records)
 
 
-def _layers(path) -> list[dict]:
-    return [torch.load(path / layer_file(i), weights_only=True) for i in range(6)]
-
-
 def _max_diff(a: list[dict], b: list[dict]) -> float:
     diff = 0.0
     for x, y in zip(a, b):
         assert x["params"].keys() == y["params"].keys() and x["optim"].keys() == y["optim"].keys()
         for n in x["params"]:
+            assert x["params"][n].dtype == y["params"][n].dtype
             diff = max(diff, float((x["params"][n] - y["params"][n]).abs().max()))
             for k, v in x["optim"][n].items():
                 assert v.shape == y["optim"][n][k].shape  # whole parameters, not shards
@@ -81,9 +83,12 @@ def _max_diff(a: list[dict], b: list[dict]) -> float:
     return diff
 
 
-def test_sharded_checkpoint_is_whole_and_resumes(tmp_path):
+@pytest.mark.parametrize("masters", ["params", "optimizer"])
+def test_sharded_checkpoint_is_whole_and_resumes(tmp_path, masters):
+    """fp32, and half-precision parameters with fp32 masters (their files hold the whole
+    masters in the parameters' place); run in float64 either way."""
     model, pipes, schedule, _ = CASES["gpt-3pipes-3+2+1-gpipe-clip-decay"]
-    plan = _sharded(model, pipes, schedule)
+    plan = _sharded(model, pipes, schedule, masters)
     opts = {"fp64": True, "weight_decay": 0.1, "lr_schedule": "cosine", "decay_steps": 4}
     sharded_ckpt, plain_ckpt = tmp_path / "sharded", tmp_path / "plain"
     first = train(plan, tmp_path, steps=2, checkpoint_dir=str(sharded_ckpt), **opts)
@@ -91,8 +96,8 @@ def test_sharded_checkpoint_is_whole_and_resumes(tmp_path):
     train(plain, tmp_path, steps=2, checkpoint_dir=str(plain_ckpt), **opts)
     # Gathered on save: the same whole-parameter files an unsharded run writes.
     a, b = checkpoint.latest(sharded_ckpt), checkpoint.latest(plain_ckpt)
-    assert _max_diff(_layers(a), _layers(b)) <= 1e-10
-    assert all(_layers(a)[i]["optim"] for i in range(6))  # moments were written
+    assert _max_diff(checkpoint_layers(a), checkpoint_layers(b)) <= 1e-10
+    assert all(checkpoint_layers(a)[i]["optim"] for i in range(6))  # moments were written
     # Resumed sharded (each owner takes its slice), checked against a single process from the
     # checkpoint, and equal to an uninterrupted sharded run.
     resumed = train(

@@ -11,7 +11,7 @@ from hetpp.planner import plan as run_planner
 from hetpp.specs import CATALOG, PRESETS, Cluster, Plan, TrainSpec, load_model
 from hetpp.specs.cluster import Link
 from hetpp.specs.plan import grad_buckets
-from tests.unit.planner_cases import cluster, problem
+from tests.unit.planner_cases import cluster, problem, small_model
 
 
 def test_ring_pass_is_half_an_allreduce():
@@ -130,3 +130,63 @@ def test_planner_shards_a_plan_that_only_fits_sharded():
     assert step_cost(auto.plan, cost_model_for_plan(auto.plan)).iteration_time_s == (
         pytest.approx(auto.iteration_time_s)
     )
+
+
+def test_half_precision_parameters_keep_half_gradients_and_fp32_masters_in_the_optimizer():
+    # master_weights "optimizer": bf16 parameters (2) and gradients (2); the fp32 master + m + v
+    # (12) are the optimizer's, split over the owners: 2 + 2 + 12/P.
+    model = load_model("llama2-7b", 2048)
+    train = TrainSpec(global_batch=8, seq_len=2048, master_weights="optimizer")
+    assert train.half_params and train.state_bytes_per_param == 16
+    costs = CostModel(model, train, _one_node("H200", 1)).layer_costs(CATALOG["h200"], 1)
+    n = stage_params(model, 1, 9)
+    for shards in (1, 2, 3):
+        got = stage_memory(model, train, costs, 1, 9, 2, 2, shards=shards)
+        assert (got.weights, got.grads) == (2 * n, 2 * n)
+        assert got.optimizer == pytest.approx(12 * n / shards)
+    # The embedding tables are parameters like any other (no autocast copy to leave out).
+    first = stage_memory(model, train, costs, 0, 2, 2, 2, shards=2)
+    assert first.weights == 2 * stage_params(model, 0, 2)
+    autocast = stage_memory(model, TrainSpec(global_batch=8, seq_len=2048), costs, 0, 2, 2, 2)
+    assert autocast.weights == 2 * stage_params(model, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"precision": "fp32"}, "needs precision bf16 or fp16"),
+        ({"grad_bytes_per_param": 4}, "grad_bytes_per_param must be 2"),
+    ],
+)
+def test_half_precision_parameters_need_half_precision(fields, expected):
+    with pytest.raises(ValueError, match=expected):
+        TrainSpec(global_batch=8, master_weights="optimizer", **fields)
+
+
+def test_planner_shards_mixed_precision_with_masters_in_the_optimizer():
+    # The sharded bf16 plan keeps half-precision parameters (what the runtime shards); its
+    # state is 2 + 2 + 12/2 = 10 B per parameter, and what the plan records is what is costed.
+    cl = cluster(("A100-40GB", 2, 1))
+    auto = run_planner(problem(cl, "gpt3-2.7b", 8, sharding_mode="auto", schedules=()))
+    assert auto.plan.sharding == "optimizer" and auto.plan.train.half_params
+    assert step_cost(auto.plan, cost_model_for_plan(auto.plan)).iteration_time_s == (
+        pytest.approx(auto.iteration_time_s)
+    )
+    model = load_model("gpt3-2.7b", 1024)
+    tied = tied_copy_params(model)
+    for st in auto.step.stages:  # one stage each, all layers: the tied matrix keeps its 12 B
+        n = stage_params(model, 0, len(model.layers))
+        assert st.memory.weights == st.memory.grads == 2 * n
+        assert st.memory.optimizer == pytest.approx(12 * ((n - tied) / 2 + tied))
+
+
+def test_auto_keeps_half_precision_parameters_where_only_they_fit():
+    # 2.25 B parameters on one A100-40GB: 18 B each (fp32 parameters as masters) is 40 GB and
+    # does not fit; 2 + 2 + 12 = 16 B (36 GB) does, unsharded (one device: nothing to shard).
+    cl = cluster(("A100-40GB", 1, 1))
+    model = small_model(28, 2560)
+    assert 18 * model.total_params > 40e9 > 16 * model.total_params + 2e9
+    off = run_planner(problem(cl, model, 8, sharding_mode="none", schedules=()))
+    auto = run_planner(problem(cl, model, 8, sharding_mode="auto", schedules=()))
+    assert not off.feasible
+    assert auto.feasible and auto.plan.sharding == "none" and auto.plan.train.half_params

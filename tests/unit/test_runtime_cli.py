@@ -149,3 +149,35 @@ def test_precision_says_what_it_runs():
     assert Precision.of(plan(precision="fp32"), fp64=True).describe() == (
         "fp64: weights, activations and gradients in float64, float64 gradient all-reduces"
     )
+
+
+def _bf16_two_pipelines(sharding: str, master_weights: str) -> Plan:
+    pipes = tuple(
+        PipelinePlan(
+            stages=(StagePlan(devices=(d,), layers=(0, 6)),),
+            micro_batch_size=1,
+            num_micro_batches=1,
+        )
+        for d in (0, 1)
+    )
+    return Plan(
+        version=2,
+        pipelines=pipes,
+        model=PRESETS["tiny-llama"],
+        sharding=sharding,
+        train={"global_batch": 2, "seq_len": 8, "master_weights": master_weights},
+    )
+
+
+def test_sharded_mixed_precision_runs_with_its_masters_in_the_optimizer():
+    from hetpp.runtime.contract import check_executable
+    from hetpp.specs.errors import SpecError
+
+    # fp32 parameters as the masters would stay whole on every owner: refused.
+    with pytest.raises(SpecError, match="sharding: optimizer: a sharded bf16 plan needs"):
+        check_executable(_bf16_two_pipelines("optimizer", "params"))
+    for sharding in ("optimizer", "none"):
+        check_executable(_bf16_two_pipelines(sharding, "optimizer"))
+        check_executable(_bf16_two_pipelines(sharding, "optimizer"), fp64=True)
+    with pytest.raises(SpecError, match=r"train\.master_weights: .* not built for sharding 'full'"):
+        check_executable(_bf16_two_pipelines("full", "optimizer"))

@@ -67,8 +67,17 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "none", "optimizer"),
         default="none",
         help="optimizer sharding over block owners (ZeRO-1): none (default), optimizer, or "
-        "auto: try it where memory or time says so and keep the faster (hetpp train runs "
-        "sharded plans in fp32 only)",
+        "auto: try it where memory or time says so and keep the faster (in bf16/fp16 a "
+        "sharded plan keeps half-precision parameters and gradients, fp32 masters in the "
+        "optimizer: --master-weights optimizer)",
+    )
+    p.add_argument(
+        "--master-weights",
+        choices=("params", "optimizer"),
+        default="params",
+        help="bf16/fp16: params (default): fp32 parameters are the master weights, autocast, "
+        "fp32 gradients (2 + 4 + 12 B/param); optimizer: half-precision parameters and "
+        "gradients, fp32 masters in the optimizer (2 + 2 + 12)",
     )
     p.add_argument(
         "--tp",
@@ -123,6 +132,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         global_batch=args.global_batch,
         seq_len=seq_len,
         precision=args.precision,
+        master_weights=args.master_weights,
         schedule=args.schedule,
         reserve_gb=args.reserve_gb,
     )

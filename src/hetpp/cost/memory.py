@@ -163,9 +163,10 @@ def _uncopied_params(model: ModelSpec, train: TrainSpec, start: int, end: int) -
     is autocast's half-precision copy of each weight an autocast op reads (a matmul, including a
     tied head's); an embedding lookup is not one, so the first stage's tables have no copy,
     except the token table when the tied head on the same stage reads it. (Norm weights are not
-    copied either, but are too few to count: 2-4 h of a block's ~12 h^2.) In fp32 the term is the
+    copied either, but are too few to count: 2-4 h of a block's ~12 h^2.) In fp32, and with
+    half-precision parameters (`TrainSpec.master_weights` "optimizer"), the term is the
     parameters themselves."""
-    if train.precision == "fp32" or start > 0:
+    if train.precision == "fp32" or train.half_params or start > 0:
         return 0
     tables = model.layers[0].stored_params
     return tables - (tied_copy_params(model) if end == len(model.layers) else 0)

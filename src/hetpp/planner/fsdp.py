@@ -33,6 +33,8 @@ def search_fsdp(problem: Problem) -> PlanResult:
     t0 = time.perf_counter()
     if problem.has_tp:  # the TP search's all-ones assignment plans FSDP (`planner.tp`)
         return PlanResult("fsdp", None, None, 0.0, "FSDP plans have no tensor-parallel stages")
+    if problem.train.half_params:  # FSDP2 keeps fp32 sharded parameters as the masters
+        return PlanResult("fsdp", None, None, 0.0, "FSDP plans keep fp32 parameters")
     best: tuple[Plan, StepCost] | None = None
     for pools in _type_sets(problem):
         ids = sorted(d for pool in pools for node in pool.nodes for d in node)

@@ -8,6 +8,12 @@ what an unsharded one cannot. The plans it returns are costed with their own pip
 dropped there. `auto` runs the unsharded search, costs its plan both ways (time), and where
 memory may have shaped it (`_memory_short`) searches sharded too; every plan found is costed
 both ways and the fastest that fits is kept.
+
+In mixed precision a sharded plan stores its parameters and gradients in the half type and the
+fp32 masters in the optimizer (`TrainSpec.master_weights` "optimizer": 2 + 2 + 12/P B per
+parameter), the only sharded mixed precision the runtime runs (with fp32 parameters as masters
+they would stay whole on every owner). So sharded searches and costings use that TrainSpec
+(`sharded_problem`); the unsharded plan of a sharded search keeps it too (2 + 2 + 12).
 """
 
 from __future__ import annotations
@@ -42,15 +48,17 @@ def search_with_sharding(
     def left() -> float | None:
         return None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
 
+    sharded = sharded_problem(problem)
     base = search(replace(problem, optimizer_shards=1), time_limit_s)
-    found = _both_ways(problem, base, keep_unsharded=mode == "auto")
+    found = _both_ways(problem, sharded, base, keep_unsharded=mode == "auto")
     if mode == "optimizer" or _memory_short(problem, base):
         pipes = len(base.plan.pipelines) if base.feasible else 1
-        for k in sorted({min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}):
-            if k == 1:
-                continue
-            got = search(replace(problem, optimizer_shards=k), left())
-            found += _both_ways(problem, got, keep_unsharded=mode == "auto")
+        ks = {min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}
+        # Half-precision parameters hold less unsharded too (2 + 2 + 12 against 2 + 4 + 12).
+        ks = (ks | {1}) if sharded is not problem and mode == "auto" else ks - {1}
+        for k in sorted(ks):
+            got = search(replace(sharded, optimizer_shards=k), left())
+            found += _both_ways(sharded, sharded, got, keep_unsharded=mode == "auto")
     best = min(found, key=lambda r: r.iteration_time_s, default=None)
     elapsed = time.perf_counter() - t0
     if best is None:
@@ -58,9 +66,21 @@ def search_with_sharding(
     return replace(best, search_time_s=elapsed)
 
 
-def _both_ways(problem: Problem, result: PlanResult, keep_unsharded: bool) -> list[PlanResult]:
-    """`result`'s plan costed with and (`keep_unsharded`, or one pipeline: nothing to shard)
-    without sharding, where it fits."""
+def sharded_problem(problem: Problem) -> Problem:
+    """`problem` as sharded plans are made and costed: in mixed precision with half-precision
+    parameters and the fp32 masters in the optimizer (the module docstring says why)."""
+    train = problem.train
+    if train.precision == "fp32" or train.half_params:
+        return problem
+    return replace(problem, train=train.model_copy(update={"master_weights": "optimizer"}))
+
+
+def _both_ways(
+    source: Problem, sharded: Problem, result: PlanResult, keep_unsharded: bool
+) -> list[PlanResult]:
+    """`result`'s plan (found for `source`) costed with and (`keep_unsharded`, or one pipeline:
+    nothing to shard) without sharding, where it fits: unsharded in `source`'s precision,
+    sharded in `sharded`'s."""
     if not result.feasible:
         return []
     if result.plan.sharding == "full":  # FSDP shards everything already
@@ -73,7 +93,11 @@ def _both_ways(problem: Problem, result: PlanResult, keep_unsharded: bool) -> li
         if sharding == result.plan.sharding:
             plan, step = result.plan, result.step
         else:  # sharded, a stage may fit without recomputation
-            plan = result.plan.model_copy(update={"sharding": sharding})
+            problem = source if sharding == "none" else sharded
+            train = result.plan.train.model_copy(
+                update={"master_weights": problem.train.master_weights}
+            )
+            plan = result.plan.model_copy(update={"sharding": sharding, "train": train})
             plan = drop_unneeded_recompute(problem, plan)
             step = evaluate(problem, plan)
         if step.fits:

@@ -39,6 +39,7 @@ from hetpp.runtime.checkpoint_meta import (
 )
 from hetpp.runtime.guards import NonFiniteError
 from hetpp.runtime.model import TIED_EMBEDDING_PARAM, RankModel, StageModule
+from hetpp.runtime.shard import WholeState
 from hetpp.runtime.tp import GatheredStage, like
 from hetpp.specs.errors import SpecError
 
@@ -63,12 +64,19 @@ def _fsync_dir(path: Path) -> None:
 Stage = StageModule | RankModel | GatheredStage
 """What `save` reads the layers of (a TP stage: gathered first, `tp.GatheredStage`)."""
 
+State = torch.optim.Optimizer | WholeState | GatheredStage
+"""Where a checkpoint's optimizer state is read from and loaded into: an optimizer stepping the
+parameters themselves, their whole state (`runtime.shard`: gathered from shards, or keyed
+from fp32 masters, whose values are stored in the half-precision parameters' place), or a TP
+stage's gathered state."""
 
-def _layer_state(stage: Stage, opt: torch.optim.Optimizer, index: int) -> dict:
+
+def _layer_state(stage: Stage, opt: State, index: int) -> dict:
     params = dict(stage.own_parameters(index))
+    values = opt.values if isinstance(opt, WholeState) else {}
     return {
         "layer": index,
-        "params": {n: p.detach().cpu() for n, p in params.items()},
+        "params": {n: values.get(p, p).detach().cpu() for n, p in params.items()},
         "optim": {
             n: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in opt.state[p].items()}
             for n, p in params.items()
@@ -77,7 +85,7 @@ def _layer_state(stage: Stage, opt: torch.optim.Optimizer, index: int) -> dict:
     }
 
 
-def _write_layer(tmp: Path, stage: Stage, opt: torch.optim.Optimizer, index: int) -> None:
+def _write_layer(tmp: Path, stage: Stage, opt: State, index: int) -> None:
     state = _layer_state(stage, opt, index)
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -98,7 +106,7 @@ def save(
     ckpt_dir: str | Path,
     meta: CheckpointMeta,
     stage: Stage,
-    opt: torch.optim.Optimizer | GatheredStage,
+    opt: State,
     layers: list[int],
     rank: int,
     barrier: Callable[[], None],
@@ -153,19 +161,23 @@ def _load_state(
     stage: StageModule,
     name: str,
     p: torch.nn.Parameter,
-    opt: torch.optim.Optimizer,
+    opt: State,
     value: torch.Tensor,
     state: dict | None,
 ) -> None:
     """Parameter `name` of `stage` and its optimizer state from the files' unsharded tensors
-    (a TP shard takes its part, `tp.like`)."""
+    (a TP shard takes its part, `tp.like`; half-precision parameters also fill their fp32
+    masters, `WholeState.values`)."""
     with torch.no_grad():
         p.copy_(like(p, name, value.to(p.device, p.dtype), stage.config))
+    # Moments follow the parameter's device, dtype (a master's, for fp32 masters of
+    # half-precision parameters) and sharding; scalars (Adam's step) stay on the CPU.
+    dtype = opt.dtype if isinstance(opt, WholeState) and opt.dtype is not None else p.dtype
+    if isinstance(opt, WholeState):
+        opt.values[p] = value.to(p.device, dtype)
     if state is not None:
-        # Moments follow the parameter's device, dtype and sharding; scalars (Adam's step) stay
-        # on the CPU.
         opt.state[p] = {
-            k: like(p, name, v.to(p.device, p.dtype), stage.config)
+            k: like(p, name, v.to(p.device, dtype), stage.config)
             if torch.is_tensor(v) and v.ndim
             else v
             for k, v in state.items()
@@ -203,7 +215,7 @@ def _check_shape(path: Path, name: str, p: torch.nn.Parameter, value: torch.Tens
         )
 
 
-def load(path: str | Path, stage: StageModule, opt: torch.optim.Optimizer) -> CheckpointMeta:
+def load(path: str | Path, stage: StageModule, opt: State) -> CheckpointMeta:
     """Load the stage's layers (weights and optimizer state) from a complete checkpoint."""
     root = Path(path)
     meta = read_meta(root)

@@ -40,19 +40,35 @@ def check_executable(plan: Plan, fp64: bool = False) -> None:
             "or 4 (fp32) bytes",
             field="train.grad_bytes_per_param",
         )
-    if plan.optimizer_shards > 1 and train.precision != "fp32":
-        # Mixed precision keeps the fp32 master weights as the parameters themselves: whole on
-        # every owner, where the cost model charges them sharded.
+    if plan.optimizer_shards > 1 and train.precision != "fp32" and not train.half_params:
+        # With fp32 parameters as the masters (autocast), the masters are the parameters
+        # themselves: whole on every owner, where the cost model charges them sharded.
         raise SpecError(
-            f"optimizer: the runtime shards optimizer state of fp32 plans only (this plan is "
-            f"{train.precision}: its fp32 master weights would stay whole); plan with "
-            "--sharding none or --precision fp32",
+            f"optimizer: a sharded {train.precision} plan needs its fp32 master weights in the "
+            "optimizer (train.master_weights 'optimizer': half-precision parameters); with "
+            "fp32 parameters as the masters they would stay whole on every owner",
             field="sharding",
         )
-    if fp64 and train.precision != "fp32":
+    _check_half_params(plan)
+    if fp64 and train.precision != "fp32" and not train.half_params:
         raise SpecError(
-            f"--fp64 runs an fp32 plan in float64; this plan is {train.precision}",
+            f"--fp64 runs an fp32 plan, or one with master_weights 'optimizer', in float64; "
+            f"this plan is {train.precision} with fp32 parameters",
             field="train.precision",
+        )
+
+
+def _check_half_params(plan: Plan) -> None:
+    """Half-precision parameters with fp32 masters in the optimizer run in pipelines without
+    tensor parallelism (FSDP keeps fp32 sharded parameters; DTensor shards are not built)."""
+    if not plan.train.half_params:
+        return
+    if plan.sharding == "full" or any(pipe.has_tp for pipe in plan.pipelines):
+        what = "sharding 'full'" if plan.sharding == "full" else "tensor-parallel stages"
+        raise SpecError(
+            f"master_weights 'optimizer' (half-precision parameters) is not built for {what}; "
+            "use master_weights 'params'",
+            field="train.master_weights",
         )
 
 

@@ -52,7 +52,13 @@ import torch.distributed as dist
 
 from hetpp.runtime.groups import Groups, RankMap
 from hetpp.runtime.model import RankModel
-from hetpp.runtime.optim import clip_coefficient, grads_of, scale_grads, squared_norm
+from hetpp.runtime.optim import (
+    MasterWeights,
+    clip_coefficient,
+    grads_of,
+    scale_grads,
+    squared_norm,
+)
 from hetpp.runtime.shard import BucketShard, ShardedStep
 from hetpp.runtime.tp import local_tensor, qkv_piece_rows, shard_dims
 
@@ -267,21 +273,26 @@ class GradSync:
             self.tied.grad.copy_(tied_flat)
         self._reset()
 
-    def clip(self, max_norm: float, stage: RankModel) -> float:
+    def clip(
+        self, max_norm: float, stage: RankModel, masters: MasterWeights | None = None
+    ) -> float:
         """Scale all grads so the global L2 norm is at most `max_norm`; returns the norm before.
         Sharded: every owner adds its shards' squares (each element is on one owner), and the
-        unsharded parameters count on pipeline 0's owner as before: the same norm, exactly."""
+        unsharded parameters count on pipeline 0's owner as before: the same norm, exactly.
+        With fp32 masters of half-precision parameters, their gradients are measured and
+        scaled instead (one per counted parameter or piece)."""
         params = self.norm_params
         pieces = []
         if self.sharded is not None:
             params = [p for p in params if p not in self.sharded.sharded]
             pieces = [piece.view for piece in self.sharded.pieces()]
-        local = squared_norm(params + pieces, self.device)
+        counted, scaled = params + pieces, [*stage.parameters(), *pieces]
+        if masters is not None:
+            counted, scaled = masters.of(counted), masters.params
+        local = squared_norm(counted, self.device)
         dist.all_reduce(local)
         norm = math.sqrt(local.item())
-        coef = clip_coefficient(norm, max_norm)
-        scale_grads(stage.parameters(), coef)
-        scale_grads(pieces, coef)
+        scale_grads(scaled, clip_coefficient(norm, max_norm))
         return norm
 
 

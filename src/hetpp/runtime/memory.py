@@ -140,10 +140,12 @@ class _WeightCopies(TorchDispatchMode):
 
 
 def state_bytes(module: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Bytes of parameters (each storage once: a shared tied weight counts once), their gradients
-    and the optimizer's tensor states."""
+    """Bytes of parameters (each storage once: a shared tied weight counts once), their gradients,
+    what the optimizer steps (the parameters' own storage, or fp32 masters of half-precision
+    ones) and the optimizer's tensor states."""
     seen: dict[int, int] = {}
     tensors = [p for p in module.parameters()] + [p.grad for p in module.parameters()]
+    tensors += [p for g in opt.param_groups for p in g["params"]]
     tensors += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     for t in tensors:
         if t is not None and t.ndim:

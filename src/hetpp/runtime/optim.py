@@ -33,6 +33,61 @@ def make_optimizer(
     return torch.optim.SGD(groups, lr=opts.lr)
 
 
+class MasterWeights:
+    """fp32 master copies of half-precision tensors, which the optimizer steps (Apex O2,
+    Megatron's distributed optimizer; `TrainSpec.master_weights` "optimizer").
+
+    The targets are what the rank updates: whole parameters, or with optimizer sharding its
+    pieces of them (`runtime.shard`). Each step the targets' half-precision gradients are cast
+    into the masters' `.grad` (exact: a half value is a float32 value), the optimizer steps the
+    masters, and the targets take the updated masters, rounded to the half type. Loss
+    unscaling and clipping act on the masters' gradients, in float32."""
+
+    def __init__(self, targets: Iterable[torch.Tensor], dtype: torch.dtype):
+        self.targets = list(targets)
+        self.params = [
+            torch.nn.Parameter(t.detach().to(dtype, copy=True), requires_grad=False)
+            for t in self.targets
+        ]
+        self.master = dict(zip(self.targets, self.params))
+        """Each target's master."""
+        self.target = dict(zip(self.params, self.targets))
+        """Each master's target."""
+        self.dtype = dtype
+
+    def take_grads(self) -> None:
+        """The targets' gradients (summed over micro-batches and pipelines) into the masters."""
+        for m, g in zip(self.params, grads_of(self.targets)):
+            m.grad = g.detach().to(m.dtype, copy=True)
+
+    def write_back(self) -> None:
+        """The updated masters into the targets, in the targets' dtype; the masters' gradients
+        are dropped (they last the step only: between steps a rank holds the half-precision
+        gradients, as the cost model charges)."""
+        with torch.no_grad():
+            for t, m in zip(self.targets, self.params):
+                t.copy_(m)
+                m.grad = None
+
+    def of(self, targets: Iterable[torch.Tensor]) -> list[torch.nn.Parameter]:
+        return [self.master[t] for t in targets]
+
+    def load_state(
+        self,
+        opt: torch.optim.Optimizer,
+        state: dict[torch.Tensor, dict],
+        values: dict[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """A checkpoint's state and master values, keyed by target: each master takes its
+        target's value and optimizer state."""
+        with torch.no_grad():
+            for t, m in zip(self.targets, self.params):
+                if t in values:
+                    m.copy_(values[t])
+                if t in state:
+                    opt.state[m] = state[t]
+
+
 def lr_factor(step: int, opts: TrainOptions) -> float:
     """Learning-rate multiplier for the update after `step` updates: linear warm-up over
     `warmup_steps`, then constant, or a cosine / linear decay to `min_lr_ratio` at `decay_steps`

@@ -5,6 +5,11 @@ optimizer updates), forward runs under `torch.autocast` in the half type, gradie
 states stay float32, and the gradient all-reduces send what `train.grad_bytes_per_param` says.
 fp32 runs in float32 throughout; `--fp64` runs an fp32 plan in float64, for exactness tests only.
 
+With `train.master_weights = "optimizer"` the parameters and their gradients are stored in the
+half type (no autocast: the model runs in it), and the optimizer steps fp32 masters of them
+(`optim.MasterWeights`); `--fp64` runs such a plan with float64 parameters and float64 masters,
+the same code path with the roundings gone, for the exactness tests.
+
 Autocast casts each weight to the half type once per step, not once per micro-batch: every
 forward of the stage module opens its own `torch.autocast` region (`prepare`; so
 backward, which the schedule runs outside them, is not autocast), while `step_region` keeps one
@@ -38,35 +43,49 @@ class Precision:
     name: str
     """The plan's `train.precision`, or "fp64" for an fp32 plan run with --fp64."""
     param_dtype: torch.dtype
-    """Parameters, gradients and optimizer states (the master weights in mixed precision)."""
+    """Parameters and gradients; the optimizer states and, unless `master_dtype` is set, the
+    master weights (autocast mixed precision)."""
     compute_dtype: torch.dtype | None
     """Autocast dtype of the forward; None when not mixed."""
     reduce_dtype: torch.dtype
     """Dtype of the block-wise and tied-weight all-reduces: the plan's `grad_bytes_per_param`
     says what each one sends (4: float32; 2: the half type, bf16 for fp32 plans)."""
+    master_dtype: torch.dtype | None = None
+    """Dtype of the master copies the optimizer steps (`optim.MasterWeights`), for plans with
+    half-precision parameters; None: the optimizer steps the parameters themselves."""
 
     @classmethod
     def of(cls, plan: Plan, fp64: bool = False) -> Precision:
         """The dtypes of a plan that `contract.check_executable` accepted."""
         check_executable(plan, fp64)
+        masters = plan.train.half_params
         if fp64:
-            return cls("fp64", torch.float64, None, torch.float64)
+            fp64_masters = torch.float64 if masters else None
+            return cls("fp64", torch.float64, None, torch.float64, fp64_masters)
         name, half = plan.train.precision, HALF.get(plan.train.precision)
+        if masters:
+            return cls(name, half, None, half, torch.float32)
         reduce = torch.float32 if plan.train.grad_bytes_per_param == 4 else half or torch.bfloat16
         return cls(name, torch.float32, half, reduce)
 
     @property
     def loss_scaling(self) -> bool:
         """fp16's narrow exponent range needs dynamic loss scaling; bf16's does not."""
-        return self.compute_dtype is torch.float16
+        return self.name == "fp16"
 
     def describe(self) -> str:
         """How this precision runs, for rank 0's start-up lines."""
         reduce = f"{_short(self.reduce_dtype)} gradient all-reduces"
+        scaling = ", dynamic loss scaling (global inf/NaN check)" if self.loss_scaling else ""
+        if self.master_dtype is not None:
+            dtype = _short(self.param_dtype)
+            return (
+                f"{self.name}: weights, activations and gradients in {dtype}, "
+                f"{_short(self.master_dtype)} master weights in the optimizer, {reduce}{scaling}"
+            )
         if self.compute_dtype is None:
             dtype = _short(self.param_dtype)
             return f"{self.name}: weights, activations and gradients in {dtype}, {reduce}"
-        scaling = ", dynamic loss scaling (global inf/NaN check)" if self.loss_scaling else ""
         return (
             f"{self.name}: torch.autocast({_short(self.compute_dtype)}) forward, float32 master "
             f"weights and gradients, {reduce}{scaling}"

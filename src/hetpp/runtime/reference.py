@@ -24,6 +24,7 @@ from hetpp.runtime.data import TokenSource, batch, make_source, pipeline_slices
 from hetpp.runtime.hf_weights import load_stage
 from hetpp.runtime.model import RankModel, StageModule
 from hetpp.runtime.optim import (
+    MasterWeights,
     clip_coefficient,
     grads_of,
     make_optimizer,
@@ -33,6 +34,7 @@ from hetpp.runtime.optim import (
 )
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
+from hetpp.runtime.shard import WholeState
 from hetpp.specs.plan import Plan
 
 
@@ -81,11 +83,25 @@ def train_reference(
         load_stage(model, opts.init_from)
     model.to(device)
     precision.prepare(model, device)
-    opt = make_optimizer(model.parameters(), opts)
+    params = list(model.parameters())
+    masters = None
+    # Half-precision parameters with fp32 masters, as the runtime holds them. Under --fp64 the
+    # masters would be float64 copies of float64 parameters: the same arithmetic as stepping
+    # the parameters, which the reference then does, independent of `MasterWeights`.
+    if precision.master_dtype not in (None, precision.param_dtype):
+        masters = MasterWeights(params, precision.master_dtype)
+        opt = make_optimizer(masters.params, opts, lambda m: masters.target[m].ndim >= 2)
+        stepped = masters.params
+    else:
+        opt = make_optimizer(params, opts)
+        stepped = params
     scaler = LossScaler(precision.loss_scaling)
     start = samples = 0
     if resume_from is not None:
-        meta = checkpoint.load(resume_from, model, opt)
+        whole = WholeState(dtype=precision.master_dtype)
+        meta = checkpoint.load(resume_from, model, opt if masters is None else whole)
+        if masters is not None:
+            masters.load_state(opt, whole.state, whole.values)
         start, samples = meta.step, meta.samples
     source = make_source(opts.data, plan, opts.seed)
     sched = make_scheduler(opt, opts, start)
@@ -95,14 +111,18 @@ def train_reference(
         scale = scaler.scale
         with precision.step_region(device):
             losses.append(_accumulate(model, plan, precision, scale, source, samples, device))
-        skip = scaler.enabled and bool(has_nonfinite(model.parameters(), device).item() > 0)
+        if masters is not None:
+            masters.take_grads()
+        skip = scaler.enabled and bool(has_nonfinite(stepped, device).item() > 0)
         if not skip:
             if scale != 1.0:
-                scale_grads(model.parameters(), 1.0 / scale)
+                scale_grads(stepped, 1.0 / scale)
             if opts.clip_grad is not None:
-                norm = math.sqrt(squared_norm(model.parameters(), device).item())
-                scale_grads(model.parameters(), clip_coefficient(norm, opts.clip_grad))
+                norm = math.sqrt(squared_norm(stepped, device).item())
+                scale_grads(stepped, clip_coefficient(norm, opts.clip_grad))
             opt.step()
+            if masters is not None:
+                masters.write_back()
         sched.step()  # counts skipped steps too, as the runtime does
         scaler.update(skip)
         samples += plan.global_batch

@@ -22,11 +22,13 @@ run resumes unsharded and the other way round.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from hetpp.runtime.optim import MasterWeights
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,14 @@ class BucketShard:
 @dataclass
 class WholeState:
     """A stage's optimizer state per parameter, as an unsharded optimizer holds it: what
-    `checkpoint.save` reads and `checkpoint.load` fills (both only use `state`)."""
+    `checkpoint.save` reads and `checkpoint.load` fills."""
 
     state: dict[torch.nn.Parameter, dict] = field(default_factory=dict)
+    values: dict[torch.nn.Parameter, torch.Tensor] = field(default_factory=dict)
+    """Half-precision parameters (`optim.MasterWeights`): each one's fp32 master, which a
+    checkpoint stores in its place and a load fills."""
+    dtype: torch.dtype | None = None
+    """What a load gives the moments and `values`: the masters' dtype; None: the parameter's."""
 
 
 class ShardedStep:
@@ -132,53 +139,83 @@ class ShardedStep:
                 for p, value in zip(s.params, s.unflatten(full)):
                     p.copy_(value)
 
-    def full_state(self, opt: torch.optim.Optimizer) -> WholeState:
-        """Collective over every bucket's owners: the whole optimizer state of each stage
-        parameter (moments gathered from the shards; scalars such as Adam's step as they are),
-        keyed by parameter, as an unsharded optimizer holds it."""
-        views = {piece.view for piece in self.pieces()}
-        state: dict[torch.nn.Parameter, dict] = {
-            p: st for p, st in opt.state.items() if p not in views
-        }
+    def full_state(
+        self,
+        opt: torch.optim.Optimizer,
+        params: Iterable[torch.nn.Parameter],
+        masters: MasterWeights | None = None,
+    ) -> WholeState:
+        """Collective over every bucket's owners: the whole optimizer state of each of the
+        stage's `params` (moments gathered from the shards; scalars such as Adam's step as they
+        are), keyed by parameter, as an unsharded optimizer holds it; with `masters`, also each
+        parameter's whole master (`WholeState.values`)."""
+        key = _keys(masters)
+        out = WholeState()
+        for p in params:
+            if p in self.sharded:
+                continue
+            if key(p) in opt.state:
+                out.state[p] = opt.state[key(p)]
+            if masters is not None:
+                out.values[p] = masters.master[p]
         for s, group in self.shards:
-            keys, scalars = _state_keys(opt, s)
+            keys, scalars = _state_keys(opt, s, key)
+            dtype = s.params[0].dtype if masters is None else masters.params[0].dtype
             gathered = {}
-            for k in keys:
-                dtype = s.params[0].dtype
-                mine = s.shard([opt.state[piece.view][k] for piece in s.pieces], dtype)
+            for k in keys + (["master"] if masters is not None else []):
+                got = [
+                    key(x.view) if k == "master" else opt.state[key(x.view)][k] for x in s.pieces
+                ]
+                mine = s.shard(got, dtype)
                 full = torch.empty(s.padded, dtype=dtype, device=mine.device)
                 dist.all_gather_single(full, mine, group=group)
                 gathered[k] = s.unflatten(full)
             for i, p in enumerate(s.params):
                 # Own scalars per parameter: AdamW increments `step` in place, once per holder.
                 own = {k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()}
-                state[p] = {**own, **{k: v[i] for k, v in gathered.items()}}
-        return WholeState(state)
+                out.state[p] = {**own, **{k: v[i] for k, v in gathered.items() if k in keys}}
+                if masters is not None:
+                    out.values[p] = gathered["master"][i]
+        return out
 
-    def load_state(self, opt: torch.optim.Optimizer, whole: WholeState) -> None:
+    def load_state(
+        self, opt: torch.optim.Optimizer, whole: WholeState, masters: MasterWeights | None = None
+    ) -> None:
         """Take a whole-parameter state (as `checkpoint.load` fills it): unsharded parameters
-        keep theirs, each piece its slice of its parameter's."""
-        state = whole.state
-        for p, st in state.items():
-            if p not in self.sharded:
-                opt.state[p] = st
+        keep theirs, each piece its slice of its parameter's; with `masters`, each master its
+        target's value from `whole.values`."""
+        state = {p: st for p, st in whole.state.items() if p not in self.sharded}
+        values = {p: v for p, v in whole.values.items() if p not in self.sharded}
         for piece in self.pieces():
-            st = state.get(piece.param)
+            st = whole.state.get(piece.param)
             if st is not None:
-                opt.state[piece.view] = {
+                state[piece.view] = {
                     k: (v.reshape(-1)[piece.start : piece.end] if v.ndim else v).clone()
                     if torch.is_tensor(v)
                     else v
                     for k, v in st.items()
                 }
+            if piece.param in whole.values:
+                values[piece.view] = whole.values[piece.param].reshape(-1)[piece.start : piece.end]
+        if masters is not None:
+            masters.load_state(opt, state, values)
+        else:
+            opt.state.update(state)
 
 
-def _state_keys(opt: torch.optim.Optimizer, s: BucketShard) -> tuple[list[str], dict]:
+def _keys(masters: MasterWeights | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The tensor the optimizer steps for a parameter or piece: itself, or its master."""
+    return (lambda t: t) if masters is None else masters.master.__getitem__
+
+
+def _state_keys(
+    opt: torch.optim.Optimizer, s: BucketShard, key: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[list[str], dict]:
     """The per-element state keys of a bucket's pieces and their shared scalars. Every owner
     has stepped the same pieces the same number of times, so the keys agree; an owner without a
     piece (a bucket smaller than its owner count) takes the optimizer's own key list."""
-    if s.pieces and s.pieces[0].view in opt.state:
-        st = opt.state[s.pieces[0].view]
+    if s.pieces and key(s.pieces[0].view) in opt.state:
+        st = opt.state[key(s.pieces[0].view)]
         keys = [k for k, v in st.items() if torch.is_tensor(v) and v.ndim]
         return keys, {k: v for k, v in st.items() if k not in keys}
     return (["exp_avg", "exp_avg_sq"] if isinstance(opt, torch.optim.AdamW) else []), {}

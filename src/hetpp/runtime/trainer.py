@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -42,7 +43,7 @@ from hetpp.runtime.metrics import (
     unpack_step,
 )
 from hetpp.runtime.model import RankModel, StageModule
-from hetpp.runtime.optim import make_optimizer, make_scheduler, scale_grads
+from hetpp.runtime.optim import MasterWeights, make_optimizer, make_scheduler, scale_grads
 from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
 from hetpp.runtime.recompute import recompute_blocks
@@ -89,19 +90,28 @@ def _slowdown(plan: Plan, role: Role, opts: TrainOptions) -> float:
 
 
 def _resume(
-    opts: TrainOptions, model: RankModel, opt: torch.optim.Optimizer, shards: ShardedStep | None
+    opts: TrainOptions,
+    model: RankModel,
+    opt: torch.optim.Optimizer,
+    shards: ShardedStep | None,
+    masters: MasterWeights | None,
 ) -> tuple[int, int, Path | None]:
     """(step, samples consumed, checkpoint path) to start from. Checkpoints hold whole
-    parameters' optimizer state; a sharded rank keeps its shards' slices."""
+    parameters' optimizer state (and, for half-precision parameters, their fp32 masters); a
+    sharded rank keeps its shards' slices, masters take their targets' values."""
     path = checkpoint.latest(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
     if path is None:
         return 0, 0, None
     check_resumable(path, model.config.model_dump(mode="json"), opts.optimizer, opts.seed)
-    whole = WholeState()  # sharded: every stage's whole state first, then this rank's shards
+    # Sharded or with masters: every stage's whole state first, then this rank's part of it.
+    whole = WholeState(dtype=None if masters is None else masters.dtype)
+    direct = shards is None and masters is None
     for stage in model.stages:
-        meta = checkpoint.load(path, stage, opt if shards is None else whole)
+        meta = checkpoint.load(path, stage, opt if direct else whole)
     if shards is not None:
-        shards.load_state(opt, whole)
+        shards.load_state(opt, whole, masters)
+    elif masters is not None:
+        masters.load_state(opt, whole.state, whole.values)
     return meta.step, meta.samples, path
 
 
@@ -178,14 +188,11 @@ class RankTrainer:
             sharded=plan.optimizer_shards > 1,
         )
         self.shards = self.sync.sharded
-        if self.shards is not None:  # the optimizer steps this rank's shards (`runtime.shard`)
-            params, decays = self.shards.optimizer_params(self.model.parameters())
-            self.opt = make_optimizer(params, opts, decays.__getitem__)
-        else:
-            self.opt = make_optimizer(self.model.parameters(), opts)
+        params, decays = self.optimizer_params()
+        self.opt = make_optimizer(params, opts, decays)
         activity("loading the checkpoint")
         self.start, self.samples, self.resumed_from = _resume(
-            opts, self.model, self.opt, self.shards
+            opts, self.model, self.opt, self.shards, self.masters
         )
         self.sched = make_scheduler(self.opt, opts, self.start)
         # A pipeline with TP stages exchanges activations over its lanes' links (`runtime.lanes`)
@@ -222,6 +229,23 @@ class RankTrainer:
             f"ranks {list(role.chain)}, "
             f"stage{'s' if len(role.stages) > 1 else ''} {stages})"
         )
+
+    def optimizer_params(
+        self,
+    ) -> tuple[list[torch.nn.Parameter], Callable[[torch.nn.Parameter], bool]]:
+        """What the optimizer steps, with each one's weight-decay flag: the stage's parameters
+        or this rank's shards of them (`runtime.shard`), or, for half-precision parameters,
+        fp32 masters of those (`optim.MasterWeights`, set as `self.masters`)."""
+        if self.shards is not None:
+            params, flags = self.shards.optimizer_params(self.model.parameters())
+            decays: Callable[[torch.nn.Parameter], bool] = flags.__getitem__
+        else:
+            params, decays = list(self.model.parameters()), lambda p: p.ndim >= 2
+        self.masters = None
+        if self.precision.master_dtype is None:
+            return params, decays
+        masters = self.masters = MasterWeights(params, self.precision.master_dtype)
+        return masters.params, lambda m: decays(masters.target[m])
 
     def build_model(self, role: Role, groups: Groups) -> RankModel:
         """This rank's stages, one StageModule per owned layer range, initialised (or loaded from
@@ -301,7 +325,7 @@ class RankTrainer:
         gradient norm before clipping)."""
         t0 = time.perf_counter()
         self.opt.zero_grad()
-        if self.shards is not None:  # the stage's own gradients: the optimizer has pieces
+        if self.shards is not None or self.masters is not None:  # the optimizer has others
             self.model.zero_grad()
         args, target, losses = (), None, None
         if self.first or self.last:
@@ -317,18 +341,24 @@ class RankTrainer:
         compute = sum(st.take_compute_s() for st in self.pstages)
         t_sched = time.perf_counter()
         self.sync.sync(lambda what: self.note(f"step {step}: {what}"))
-        scale, skip = self.scaler.scale, self.overflowed(step)
+        stepped = self.model.parameters()
+        if self.masters is not None:  # unscaling and clipping act on the fp32 gradients
+            self.masters.take_grads()
+            stepped = self.masters.params
+        scale, skip = self.scaler.scale, self.overflowed(step, stepped)
         norm = None
         if not skip:
             if scale != 1.0:
-                scale_grads(self.model.parameters(), 1.0 / scale)
+                scale_grads(stepped, 1.0 / scale)
             # The norm is always measured (a metric); without --clip-grad the factor is exactly 1.
             self.note(f"step {step}: gradient-norm all-reduce over all ranks")
-            norm = self.sync.clip(self.opts.clip_grad or math.inf, self.model)
+            norm = self.sync.clip(self.opts.clip_grad or math.inf, self.model, self.masters)
         t_comm = time.perf_counter()
         self.lr = self.sched.get_last_lr()[0]  # this update's rate, for the metrics
         if not skip:
             self.opt.step()
+            if self.masters is not None:
+                self.masters.write_back()
             if self.shards is not None:
                 self.note(f"step {step}: all-gather of the updated parameter shards")
                 self.shards.gather()
@@ -353,13 +383,14 @@ class RankTrainer:
         for record in gathered or ():
             log.write(record)
 
-    def overflowed(self, step: int) -> bool:
-        """fp16: whether any rank's gradients hold an inf or NaN (one all-reduce, so that every
-        rank skips the same steps); always False without loss scaling."""
+    def overflowed(self, step: int, params: Iterable[torch.nn.Parameter]) -> bool:
+        """fp16: whether any rank's gradients of `params` (the summed ones the optimizer takes)
+        hold an inf or NaN (one all-reduce, so that every rank skips the same steps); always
+        False without loss scaling."""
         if not self.scaler.enabled:
             return False
         self.note(f"step {step}: inf/NaN check all-reduce over all ranks")
-        flag = has_nonfinite(self.model.parameters(), self.device)
+        flag = has_nonfinite(params, self.device)
         dist.all_reduce(flag)
         return bool(flag.item() > 0)
 
@@ -400,9 +431,14 @@ class RankTrainer:
         # Sharded: the owners first gather the whole optimizer state (collective).
         # TP: the group gathers its stage (collective) and its rank 0 writes it.
         writes = self.model.layer_indices if self.role.pipeline == 0 else []
-        model, state = self.model, self.opt
+        model: checkpoint.Stage = self.model
+        state: checkpoint.State = self.opt
         if self.shards is not None:
-            state = self.shards.full_state(self.opt)
+            state = self.shards.full_state(self.opt, self.model.parameters(), self.masters)
+        elif self.masters is not None:  # keyed by parameter, the fp32 masters in their place
+            master = self.masters.master
+            opt_state = {p: self.opt.state[m] for p, m in master.items() if m in self.opt.state}
+            state = WholeState(opt_state, dict(master))
         elif self.tp and writes:
             model = state = GatheredStage(self.model.stages[0], self.opt)
             writes = writes if self.role.tp_index == 0 else []
