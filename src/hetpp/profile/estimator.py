@@ -29,7 +29,9 @@ depends on what the layer is (`traffic_bytes`):
   `padded_vocab`).
 
 Other GPUs reuse the H200 coefficients with their own P and W, the usual transfer assumption of
-roofline models (`bench/published.py` checks it against published throughput).
+roofline models; P is scaled by the type's `compute_transfer` where published throughput says
+the assumption is off (H100 and V100: 0.8; `bench/published.py` sets every type it could check
+beside published runs, docs/benchmarks-cost.md says what each type's figures rest on).
 """
 
 from __future__ import annotations
