@@ -307,10 +307,10 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {
-        d: device_optimizer_time_s(cm, [s for s in stages if s.device == d], plan.optimizer_shards)
-        for d in end
-    }
+    own: dict[int, list[StageCost]] = {}  # each device's stages, in order (one pass)
+    for s in stages:
+        own.setdefault(s.device, []).append(s)
+    opt = {d: device_optimizer_time_s(cm, own[d], plan.optimizer_shards) for d in end}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     order = gathers(plan, cm)

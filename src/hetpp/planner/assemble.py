@@ -72,8 +72,26 @@ class PlanResult:
         }
 
 
+def pipe_signature(problem: Problem, pipe: Pipe) -> tuple:
+    """What a concrete pipeline's closed-form time and memory depend on: its stages' GPU types
+    (which fix their TP degree), the links between them and its cuts."""
+    cl = problem.cluster
+    keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
+    links = tuple(p2p_link(cl, a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
+    return keys, links, pipe.bounds
+
+
 def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
-    """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
+    """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds;
+    memoized per problem by `pipe_signature` (a large plan repeats a few pipelines hundreds of
+    times, and the search builds many plans of the same pipelines)."""
+    key = (recompute, mbs, pipe_signature(problem, pipe))
+    if key not in problem.pipe_groups:
+        problem.pipe_groups[key] = _pipe_group(problem, recompute, mbs, pipe)
+    return problem.pipe_groups[key]
+
+
+def _pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
     cm = problem.cost_model(recompute)
     cl = problem.cluster
     costs = [cm.layer_costs(cl.gpu(d), mbs, tp=problem.tp_of(d)) for d in pipe.devices]
