@@ -20,7 +20,7 @@ from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, w
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, Plan, StagePlan, grad_buckets
+from hetpp.specs.plan import Estimate, PipelinePlan, Plan, StagePlan, grad_buckets
 
 
 @dataclass(frozen=True)
@@ -122,60 +122,78 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     each device's own time, `cost.fsdp`)."""
     if plan.sharding == "full":
         return _fsdp_stages(fsdp_step(plan, cm))
-    cluster, train = cm.cluster, cm.train
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
-        costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
-        bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
-        links = [
-            p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
-        ]
-        fwd, bwd, comm = stage_times(costs, bounds, links)
-        # two stages on one device (a V's turn) hand over in memory
-        comm = [0.0 if a.device == b.device else c
-                for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
-        weight = [
-            weight_grad_s(b, f if st.recomputes(train) else 0.0)
-            for f, b, st in zip(fwd, bwd, pipe.stages)
-        ]
-        schedule = pipe.schedule_in(train)
-        num, d_count = len(pipe.stages), len(pipe.devices)
-        total = pipeline_time_s(
-            fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight
-        )
-        done = backward_done_s(bwd, comm, total)
-        if schedule.splits_backward:  # deferred weight-grads end every device late
-            done = [total] * num
-        for s, st in enumerate(pipe.stages):
-            k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
-            mem = stage_memory(
-                cm.model,
-                train,
-                costs[s],
-                *st.layers,
-                k,
-                pipe.num_micro_batches,
-                plan.optimizer_shards,
-            )
-            stages.append(
-                StageCost(
-                    p,
-                    s,
-                    st.device,
-                    costs[s].gpu.name,
-                    st.layers,
-                    fwd[s],
-                    bwd[s],
-                    weight[s],
-                    comm[s] if s < len(comm) else 0.0,
-                    mem,
-                    costs[s].gpu.memory_bytes,
-                    done[s],
-                    st.tp,
-                )
-            )
+        own, total = _pipeline_costs(cm, pipe, p, plan.optimizer_shards)
+        stages += own
         times.append(total)
     return stages, times
+
+
+PIPELINE_MEMO = 16384
+"""Pipelines whose stage costs a CostModel keeps (`_pipeline_costs`): the planner costs many
+plans that share most of their pipelines (the schedule pass changes a few at a time)."""
+
+
+def _pipeline_costs(
+    cm: CostModel, pipe: PipelinePlan, p: int, shards: int
+) -> tuple[list[StageCost], float]:
+    """`_pipeline_stages`, memoized on the cost model by the pipeline's content."""
+    key = (pipe, p, shards)
+    memo = cm.pipeline_memo
+    got = memo.get(key)
+    if got is None:
+        if len(memo) >= PIPELINE_MEMO:
+            memo.clear()
+        got = memo[key] = _pipeline_stages(cm, pipe, p, shards)
+    return got
+
+
+def _pipeline_stages(
+    cm: CostModel, pipe: PipelinePlan, p: int, shards: int
+) -> tuple[list[StageCost], float]:
+    """The stage costs of pipeline `p` of a plan whose optimizer state is sharded `shards` ways,
+    and the pipeline's time."""
+    cluster, train = cm.cluster, cm.train
+    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
+    links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
+    fwd, bwd, comm = stage_times(costs, bounds, links)
+    # two stages on one device (a V's turn) hand over in memory
+    comm = [0.0 if a.device == b.device else c
+            for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
+    weight = [
+        weight_grad_s(b, f if st.recomputes(train) else 0.0)
+        for f, b, st in zip(fwd, bwd, pipe.stages)
+    ]
+    schedule = pipe.schedule_in(train)
+    num, d_count = len(pipe.stages), len(pipe.devices)
+    total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight)
+    done = backward_done_s(bwd, comm, total)
+    if schedule.splits_backward:  # deferred weight-grads end every device late
+        done = [total] * num
+    stages = []
+    for s, st in enumerate(pipe.stages):
+        k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
+        mem = stage_memory(cm.model, train, costs[s], *st.layers, k, pipe.num_micro_batches, shards)
+        stages.append(
+            StageCost(
+                p,
+                s,
+                st.device,
+                costs[s].gpu.name,
+                st.layers,
+                fwd[s],
+                bwd[s],
+                weight[s],
+                comm[s] if s < len(comm) else 0.0,
+                mem,
+                costs[s].gpu.memory_bytes,
+                done[s],
+                st.tp,
+            )
+        )
+    return stages, total
 
 
 def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
