@@ -11,7 +11,7 @@ from typing import Any
 from hetpp.cost.comm import p2p_link
 from hetpp.cost.memory import most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, stage_times
-from hetpp.cost.step import StepCost, step_cost
+from hetpp.cost.step import StepCost, stage_costs, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
@@ -162,6 +162,18 @@ def build_plan(
 def evaluate(problem: Problem, plan: Plan) -> StepCost:
     """The full cost of a plan (the ranking every strategy uses)."""
     return step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
+
+
+def evaluate_below(problem: Problem, plan: Plan, bound_s: float) -> StepCost | None:
+    """`evaluate(plan)`, or None when the plan provably cannot take less than `bound_s`: a step
+    ends no earlier than its slowest pipeline (every rank steps its optimizer after its
+    pipeline ends), and the pipelines' times are the cheap part of the full cost (memoized per
+    pipeline, `cost.step.stage_costs`)."""
+    if plan.sharding != "full":
+        _, times = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
+        if max(times) >= bound_s:
+            return None
+    return evaluate(problem, plan)
 
 
 def unused_devices(problem: Problem, plan: Plan) -> list[int]:

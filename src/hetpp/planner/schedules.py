@@ -24,7 +24,7 @@ from typing import Literal
 
 from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, stage_costs
-from hetpp.planner.assemble import evaluate
+from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
@@ -64,14 +64,14 @@ def choose_schedules(
                     trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
                     if trial is None:
                         continue
-                    cost = evaluate(problem, trial)
-                    if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                    cost = evaluate_below(problem, trial, best.iteration_time_s)
+                    if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                         plan, best = trial, cost
     if rebalance:
         trial = _rebalanced(problem, plan)
         if trial is not None:
-            cost = evaluate(problem, trial)
-            if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+            cost = evaluate_below(problem, trial, best.iteration_time_s)
+            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
 
