@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -138,22 +139,52 @@ plans that share most of their pipelines (the schedule pass changes a few at a t
 def _pipeline_costs(
     cm: CostModel, pipe: PipelinePlan, p: int, shards: int
 ) -> tuple[list[StageCost], float]:
-    """`_pipeline_stages`, memoized on the cost model by the pipeline's content."""
-    key = (pipe, p, shards)
+    """The stage costs of pipeline `p` of a plan whose optimizer state is sharded `shards` ways,
+    and the pipeline's time; memoized on the cost model by the pipeline, and what does not
+    depend on its device ids by its kind (`_kind`: a large plan runs hundreds of pipelines of
+    a few kinds)."""
     memo = cm.pipeline_memo
+    if len(memo) >= PIPELINE_MEMO:
+        memo.clear()
+    key = (pipe, p, shards)
     got = memo.get(key)
     if got is None:
-        if len(memo) >= PIPELINE_MEMO:
-            memo.clear()
-        got = memo[key] = _pipeline_stages(cm, pipe, p, shards)
+        kind = _kind(cm, pipe, shards)
+        rows = memo.get(kind) if kind else None
+        if rows is None:
+            rows = _pipeline_rows(cm, pipe, shards)
+            if kind:
+                memo[kind] = rows
+        own = [
+            StageCost(p, s, st.device, *row, st.tp)
+            for s, (st, row) in enumerate(zip(pipe.stages, rows[0]))
+        ]
+        got = memo[key] = (own, rows[1])
     return got
 
 
-def _pipeline_stages(
-    cm: CostModel, pipe: PipelinePlan, p: int, shards: int
-) -> tuple[list[StageCost], float]:
-    """The stage costs of pipeline `p` of a plan whose optimizer state is sharded `shards` ways,
-    and the pipeline's time."""
+def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
+    """What `_pipeline_rows` reads of a pipeline: per stage its GPU type, layers and flags, the
+    links between stages, which hand-overs stay on one device, the schedule and batch. None
+    with a TP stage (its layer costs depend on its group's own link)."""
+    if pipe.has_tp:
+        return None
+    cl, pairs = cm.cluster, list(itertools.pairwise(pipe.stages))
+    return (
+        "kind",
+        tuple((cl.gpu(x.device).name.lower(), x.layers, x.recompute) for x in pipe.stages),
+        tuple(p2p_link(cl, a.device, b.device) for a, b in pairs),
+        tuple(a.device == b.device for a, b in pairs),
+        len(pipe.devices),
+        pipe.schedule,
+        pipe.micro_batch_size,
+        pipe.num_micro_batches,
+        shards,
+    )
+
+
+def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list[tuple], float]:
+    """Per stage the `StageCost` fields from `gpu` to `done_s`, and the pipeline's time."""
     cluster, train = cm.cluster, cm.train
     costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
@@ -172,15 +203,12 @@ def _pipeline_stages(
     done = backward_done_s(bwd, comm, total)
     if schedule.splits_backward:  # deferred weight-grads end every device late
         done = [total] * num
-    stages = []
+    rows = []
     for s, st in enumerate(pipe.stages):
         k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
         mem = stage_memory(cm.model, train, costs[s], *st.layers, k, pipe.num_micro_batches, shards)
-        stages.append(
-            StageCost(
-                p,
-                s,
-                st.device,
+        rows.append(
+            (
                 costs[s].gpu.name,
                 st.layers,
                 fwd[s],
@@ -190,10 +218,9 @@ def _pipeline_stages(
                 mem,
                 costs[s].gpu.memory_bytes,
                 done[s],
-                st.tp,
             )
         )
-    return stages, total
+    return rows, total
 
 
 def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
