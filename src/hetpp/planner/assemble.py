@@ -169,7 +169,7 @@ def evaluate_below(problem: Problem, plan: Plan, bound_s: float) -> StepCost | N
     ends no earlier than its slowest pipeline (every rank steps its optimizer after its
     pipeline ends), and the pipelines' times are the cheap part of the full cost (memoized per
     pipeline, `cost.step.stage_costs`)."""
-    if plan.sharding != "full":
+    if bound_s < math.inf and plan.sharding != "full":
         _, times = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
         if max(times) >= bound_s:
             return None
@@ -204,9 +204,15 @@ def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -
 
 
 def best_candidate(
-    problem: Problem, candidates: Sequence[Draft], strategy: str, top: int = 2
+    problem: Problem,
+    candidates: Sequence[Draft],
+    strategy: str,
+    top: int = 2,
+    bound_s: float = math.inf,
 ) -> tuple[Plan, StepCost] | None:
-    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
+    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest.
+    With `bound_s` (a time no plan the caller keeps reaches), plans that provably cannot beat
+    it are not given the full cost (`evaluate_below`), nor returned."""
     best: tuple[Plan, StepCost] | None = None
     tried = 0
     for c in sorted(candidates, key=lambda c: c.estimate_s):
@@ -217,7 +223,9 @@ def best_candidate(
             continue
         tried += 1
         plan = drop_unneeded_recompute(problem, plan)
-        step = evaluate(problem, plan)
+        step = evaluate_below(problem, plan, bound_s)
+        if step is None:
+            continue
         if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
             best = (plan, step)
     return best
@@ -269,6 +277,9 @@ class Incumbent:
             pipes = layout_pipes(self.problem, layout)
             if pipes is not None:
                 cands.append(Draft(0.0, ctx.recompute, ctx.mbs, pipes))
-        got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
+        # a plan no faster than the slowest kept one would not be kept (`offer_result`)
+        full = len(self.results) >= self.keep
+        bound = self.results[-1].iteration_time_s if full else math.inf
+        got = best_candidate(self.problem, cands, self.strategy, len(cands), bound)
         if got:
             self.offer_result(PlanResult(self.strategy, got[0], got[1]))

@@ -20,6 +20,7 @@ shares (hpp, data-balanced), so equal-batch baselines keep equal batches.
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 from typing import Literal
 
 from hetpp.cost.pipeline import fill_and_beat
@@ -215,8 +216,13 @@ def _settle(
 def _takes(plan: Plan, i: int, m: int) -> bool:
     """Whether pipeline i's schedule runs m micro-batches."""
     pipe = plan.pipelines[i]
-    spec = pipe.schedule_in(plan.train)
-    return spec.micro_batch_problem(len(pipe.stages), len(pipe.devices), m) is None
+    return _runs(pipe.schedule or plan.train.schedule, len(pipe.stages), len(pipe.devices), m)
+
+
+@lru_cache(maxsize=65536)
+def _runs(schedule: str, num_stages: int, num_devices: int, m: int) -> bool:
+    """`_takes` by schedule and shape (asked for every pipeline of every trial)."""
+    return SCHEDULES[schedule].micro_batch_problem(num_stages, num_devices, m) is None
 
 
 def _with_counts(plan: Plan, counts: list[int]) -> Plan:
