@@ -7,7 +7,9 @@ The expected costs were computed by the code before that work (commit ebc6d21), 
     mkdir -p /tmp/base && git archive ebc6d21 src | tar -x -C /tmp/base
     PYTHONPATH=/tmp/base/src .venv/bin/python tests/unit/test_planner_speed_unchanged.py
 
-(which prints the rows below as the hetpp on the path computes them)."""
+(which prints the rows below as the hetpp on the path computes them). A change that means to
+alter the search's plans or the cost model (not its speed) reprints them with the same command
+on its own tree and says so."""
 
 from __future__ import annotations
 
