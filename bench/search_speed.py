@@ -2,9 +2,11 @@
 tree side by side.
 
     .venv/bin/python bench/search_speed.py [--repeat 3] [--against 7e505cc] [--sizes 64 1024]
+        [--strategy best]
 
 Clusters: `lab-64` and `mega-1024` from the planner suite, and `mega-1024` with every node group
-8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU. Each search runs in a
+8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU; the strategy `hetpp plan`
+runs by default (`best`: hpp and the FSDP family, schedule pass included). Each search runs in a
 fresh subprocess and is timed inside it (imports excluded), in wall-clock and in CPU seconds
 (the machine is shared: CPU time is what load inflates least). `--against REF` unpacks `src/` as it
 was at git commit REF (`git archive`) and times the same searches with it, alternating old and
@@ -40,7 +42,7 @@ def clusters() -> dict[int, dict]:
     return {64: lab, 1024: mega, 8192: huge}
 
 
-def _one(cluster: dict) -> None:
+def _one(cluster: dict, strategy: str) -> None:
     """Child process: one search, its time and plan cost as JSON on stdout."""
     from hetpp.planner import Problem, plan
     from hetpp.specs import Cluster, TrainSpec, load_model
@@ -49,17 +51,17 @@ def _one(cluster: dict) -> None:
     spec = load_model(MODEL, SEQ)
     train = TrainSpec(global_batch=SAMPLES_PER_GPU * cl.num_devices, seq_len=SEQ)
     t0, c0 = time.perf_counter(), time.process_time()
-    r = plan(Problem(spec, cl, train))
+    r = plan(Problem(spec, cl, train), strategy)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(json.dumps({"time_s": wall, "cpu_s": cpu, "step_s": r.iteration_time_s}))
 
 
-def time_search(cluster: dict, src: Path) -> tuple[float, float, float]:
+def time_search(cluster: dict, src: Path, strategy: str) -> tuple[float, float, float]:
     """(search seconds, its CPU seconds, iteration time of the plan) with the package under
     `src`."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import search_speed as s; "
-    code += f"s._one({cluster!r})"
+    code += f"s._one({cluster!r}, {strategy!r})"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
     ).stdout
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--against", help="git commit whose src/ to time side by side")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 8192])
+    ap.add_argument("--strategy", default="best", help="planner strategy (default: best)")
     args = ap.parse_args(argv)
     variants = {"new": HERE.parent / "src"}
     if args.against:
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         steps: dict[str, float] = {}
         for _ in range(args.repeat):
             for name, src in variants.items():
-                t, c, steps[name] = time_search(cl, src)
+                t, c, steps[name] = time_search(cl, src, args.strategy)
                 times[name].append(t)
                 cpus[name].append(c)
         med = {k: statistics.median(v) for k, v in times.items()}

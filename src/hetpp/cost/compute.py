@@ -94,6 +94,8 @@ class CostModel:
         self.profiles = (profiles or ProfileTable(())).for_model(model.name, model.seq_len)
         self.calibration = calibration
         self._cache: dict[tuple[str, int, bool], LayerCosts] = {}
+        self.pipeline_memo: dict[tuple, tuple] = {}
+        """`cost.step`'s stage costs per pipeline already costed with this model."""
         self._check_profiles()
 
     def _check_profiles(self) -> None:

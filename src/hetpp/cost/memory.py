@@ -95,7 +95,7 @@ def stage_memory(
     `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer state sharded
     `shards` ways (`optimizer_bytes`)."""
     n = stage_params(model, start, end, costs.tp)
-    inp, out = (float(x[i]) for x, i in zip(_boundary_bytes(costs), (start, end)))
+    inp, out = _boundary_at(costs, start, end)
     held = costs.saved(start, end) + out - inp
     return StageMemory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
@@ -179,6 +179,15 @@ def _boundary_bytes(costs: LayerCosts) -> tuple[np.ndarray, np.ndarray]:
     send = costs.send_bytes
     inp = np.concatenate([[0.0], send])
     out = np.concatenate([[0.0], send[:-1], [0.0]])
+    return inp, out
+
+
+def _boundary_at(costs: LayerCosts, start: int, end: int) -> tuple[float, float]:
+    """`_boundary_bytes(costs)` read at `inp[start]` and `out[end]`, without building the
+    arrays (the full cost asks for one stage at a time)."""
+    send, num = costs.send_bytes, len(costs.send_bytes)
+    inp = float(send[start - 1]) if start > 0 else 0.0
+    out = float(send[end - 1]) if 0 < end < num else 0.0
     return inp, out
 
 

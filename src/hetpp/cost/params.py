@@ -12,7 +12,7 @@ the group, so `tp` divides the block parameters only."""
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -25,15 +25,21 @@ def tied_copy_params(model: ModelSpec) -> int:
     return last.stored_params - last.params
 
 
+@lru_cache(maxsize=256)
 def block_param_share(model: ModelSpec, tp: int) -> np.ndarray:
     """Per layer, the share of its parameters one rank of a TP group of `tp` devices holds
-    (1/tp for blocks, 1 for the embedding and the head)."""
-    return np.array([1.0 / tp if x.kind == "block" else 1.0 for x in model.layers])
+    (1/tp for blocks, 1 for the embedding and the head). Memoized (read-only array): the full
+    cost asks for it once per stage."""
+    share = np.array([1.0 / tp if x.kind == "block" else 1.0 for x in model.layers])
+    share.flags.writeable = False
+    return share
 
 
+@lru_cache(maxsize=65536)
 def stage_params(model: ModelSpec, start: int, end: int, tp: int = 1) -> float:
     """Parameters stored by one device of a stage holding layers [start, end) over `tp`
-    tensor-parallel devices."""
+    tensor-parallel devices. Memoized: the full cost of a large plan asks for the same few
+    ranges for thousands of stages."""
     share = block_param_share(model, tp)
     total = sum(x.stored_params * float(share[x.index]) for x in model.layers[start:end])
     if start == 0 and end == len(model.layers):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -20,7 +21,7 @@ from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, w
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, Plan, StagePlan, grad_buckets
+from hetpp.specs.plan import Estimate, PipelinePlan, Plan, StagePlan, grad_buckets
 
 
 @dataclass(frozen=True)
@@ -122,60 +123,104 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     each device's own time, `cost.fsdp`)."""
     if plan.sharding == "full":
         return _fsdp_stages(fsdp_step(plan, cm))
-    cluster, train = cm.cluster, cm.train
     stages, times = [], []
     for p, pipe in enumerate(plan.pipelines):
-        costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
-        bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
-        links = [
-            p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])
-        ]
-        fwd, bwd, comm = stage_times(costs, bounds, links)
-        # two stages on one device (a V's turn) hand over in memory
-        comm = [0.0 if a.device == b.device else c
-                for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
-        weight = [
-            weight_grad_s(b, f if st.recomputes(train) else 0.0)
-            for f, b, st in zip(fwd, bwd, pipe.stages)
-        ]
-        schedule = pipe.schedule_in(train)
-        num, d_count = len(pipe.stages), len(pipe.devices)
-        total = pipeline_time_s(
-            fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight
-        )
-        done = backward_done_s(bwd, comm, total)
-        if schedule.splits_backward:  # deferred weight-grads end every device late
-            done = [total] * num
-        for s, st in enumerate(pipe.stages):
-            k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
-            mem = stage_memory(
-                cm.model,
-                train,
-                costs[s],
-                *st.layers,
-                k,
-                pipe.num_micro_batches,
-                plan.optimizer_shards,
-            )
-            stages.append(
-                StageCost(
-                    p,
-                    s,
-                    st.device,
-                    costs[s].gpu.name,
-                    st.layers,
-                    fwd[s],
-                    bwd[s],
-                    weight[s],
-                    comm[s] if s < len(comm) else 0.0,
-                    mem,
-                    costs[s].gpu.memory_bytes,
-                    done[s],
-                    st.tp,
-                )
-            )
+        own, total = _pipeline_costs(cm, pipe, p, plan.optimizer_shards)
+        stages += own
         times.append(total)
     return stages, times
+
+
+PIPELINE_MEMO = 16384
+"""Pipelines whose stage costs a CostModel keeps (`_pipeline_costs`): the planner costs many
+plans that share most of their pipelines (the schedule pass changes a few at a time)."""
+
+
+def _pipeline_costs(
+    cm: CostModel, pipe: PipelinePlan, p: int, shards: int
+) -> tuple[list[StageCost], float]:
+    """The stage costs of pipeline `p` of a plan whose optimizer state is sharded `shards` ways,
+    and the pipeline's time; memoized on the cost model by the pipeline, and what does not
+    depend on its device ids by its kind (`_kind`: a large plan runs hundreds of pipelines of
+    a few kinds)."""
+    memo = cm.pipeline_memo
+    if len(memo) >= PIPELINE_MEMO:
+        memo.clear()
+    key = (pipe, p, shards)
+    got = memo.get(key)
+    if got is None:
+        kind = _kind(cm, pipe, shards)
+        rows = memo.get(kind) if kind else None
+        if rows is None:
+            rows = _pipeline_rows(cm, pipe, shards)
+            if kind:
+                memo[kind] = rows
+        own = [
+            StageCost(p, s, st.device, *row, st.tp)
+            for s, (st, row) in enumerate(zip(pipe.stages, rows[0]))
+        ]
+        got = memo[key] = (own, rows[1])
+    return got
+
+
+def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
+    """What `_pipeline_rows` reads of a pipeline: per stage its GPU type, layers and flags, the
+    links between stages, which hand-overs stay on one device, the schedule and batch. None
+    with a TP stage (its layer costs depend on its group's own link)."""
+    if pipe.has_tp:
+        return None
+    cl, pairs = cm.cluster, list(itertools.pairwise(pipe.stages))
+    return (
+        "kind",
+        tuple((cl.gpu(x.device).name.lower(), x.layers, x.recompute) for x in pipe.stages),
+        tuple(p2p_link(cl, a.device, b.device) for a, b in pairs),
+        tuple(a.device == b.device for a, b in pairs),
+        len(pipe.devices),
+        pipe.schedule,
+        pipe.micro_batch_size,
+        pipe.num_micro_batches,
+        shards,
+    )
+
+
+def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list[tuple], float]:
+    """Per stage the `StageCost` fields from `gpu` to `done_s`, and the pipeline's time."""
+    cluster, train = cm.cluster, cm.train
+    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
+    links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
+    fwd, bwd, comm = stage_times(costs, bounds, links)
+    # two stages on one device (a V's turn) hand over in memory
+    comm = [0.0 if a.device == b.device else c
+            for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
+    weight = [
+        weight_grad_s(b, f if st.recomputes(train) else 0.0)
+        for f, b, st in zip(fwd, bwd, pipe.stages)
+    ]
+    schedule = pipe.schedule_in(train)
+    num, d_count = len(pipe.stages), len(pipe.devices)
+    total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight)
+    done = backward_done_s(bwd, comm, total)
+    if schedule.splits_backward:  # deferred weight-grads end every device late
+        done = [total] * num
+    rows = []
+    for s, st in enumerate(pipe.stages):
+        k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
+        mem = stage_memory(cm.model, train, costs[s], *st.layers, k, pipe.num_micro_batches, shards)
+        rows.append(
+            (
+                costs[s].gpu.name,
+                st.layers,
+                fwd[s],
+                bwd[s],
+                weight[s],
+                comm[s] if s < len(comm) else 0.0,
+                mem,
+                costs[s].gpu.memory_bytes,
+                done[s],
+            )
+        )
+    return rows, total
 
 
 def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
@@ -307,10 +352,10 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     for b in buckets:
         for o in b.owners:
             end[o] = max(end[o], b.end_s)
-    opt = {
-        d: device_optimizer_time_s(cm, [s for s in stages if s.device == d], plan.optimizer_shards)
-        for d in end
-    }
+    own: dict[int, list[StageCost]] = {}  # each device's stages, in order (one pass)
+    for s in stages:
+        own.setdefault(s.device, []).append(s)
+    opt = {d: device_optimizer_time_s(cm, own[d], plan.optimizer_shards) for d in end}
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     order = gathers(plan, cm)

@@ -11,7 +11,7 @@ from typing import Any
 from hetpp.cost.comm import p2p_link
 from hetpp.cost.memory import most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, stage_times
-from hetpp.cost.step import StepCost, step_cost
+from hetpp.cost.step import StepCost, stage_costs, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
@@ -72,8 +72,26 @@ class PlanResult:
         }
 
 
+def pipe_signature(problem: Problem, pipe: Pipe) -> tuple:
+    """What a concrete pipeline's closed-form time and memory depend on: its stages' GPU types
+    (which fix their TP degree), the links between them and its cuts."""
+    cl = problem.cluster
+    keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
+    links = tuple(p2p_link(cl, a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
+    return keys, links, pipe.bounds
+
+
 def pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
-    """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds."""
+    """Closed-form time of a concrete pipeline (its real links) and its micro-batch bounds;
+    memoized per problem by `pipe_signature` (a large plan repeats a few pipelines hundreds of
+    times, and the search builds many plans of the same pipelines)."""
+    key = (recompute, mbs, pipe_signature(problem, pipe))
+    if key not in problem.pipe_groups:
+        problem.pipe_groups[key] = _pipe_group(problem, recompute, mbs, pipe)
+    return problem.pipe_groups[key]
+
+
+def _pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> PipelineGroup:
     cm = problem.cost_model(recompute)
     cl = problem.cluster
     costs = [cm.layer_costs(cl.gpu(d), mbs, tp=problem.tp_of(d)) for d in pipe.devices]
@@ -146,6 +164,18 @@ def evaluate(problem: Problem, plan: Plan) -> StepCost:
     return step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
 
 
+def evaluate_below(problem: Problem, plan: Plan, bound_s: float) -> StepCost | None:
+    """`evaluate(plan)`, or None when the plan provably cannot take less than `bound_s`: a step
+    ends no earlier than its slowest pipeline (every rank steps its optimizer after its
+    pipeline ends), and the pipelines' times are the cheap part of the full cost (memoized per
+    pipeline, `cost.step.stage_costs`)."""
+    if bound_s < math.inf and plan.sharding != "full":
+        _, times = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
+        if max(times) >= bound_s:
+            return None
+    return evaluate(problem, plan)
+
+
 def unused_devices(problem: Problem, plan: Plan) -> list[int]:
     """Devices no pipeline uses (too small or too slow to help, or left over)."""
     used = {d for p in plan.pipelines for s in p.stages for d in s.devices}
@@ -174,9 +204,15 @@ def layout_pipes(problem: Problem, layout: Sequence[tuple[TemplateCost, int]]) -
 
 
 def best_candidate(
-    problem: Problem, candidates: Sequence[Draft], strategy: str, top: int = 2
+    problem: Problem,
+    candidates: Sequence[Draft],
+    strategy: str,
+    top: int = 2,
+    bound_s: float = math.inf,
 ) -> tuple[Plan, StepCost] | None:
-    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest."""
+    """Full cost of the `top` best-estimated candidates that form valid plans; the fastest.
+    With `bound_s` (a time no plan the caller keeps reaches), plans that provably cannot beat
+    it are not given the full cost (`evaluate_below`), nor returned."""
     best: tuple[Plan, StepCost] | None = None
     tried = 0
     for c in sorted(candidates, key=lambda c: c.estimate_s):
@@ -187,7 +223,9 @@ def best_candidate(
             continue
         tried += 1
         plan = drop_unneeded_recompute(problem, plan)
-        step = evaluate(problem, plan)
+        step = evaluate_below(problem, plan, bound_s)
+        if step is None:
+            continue
         if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
             best = (plan, step)
     return best
@@ -239,6 +277,9 @@ class Incumbent:
             pipes = layout_pipes(self.problem, layout)
             if pipes is not None:
                 cands.append(Draft(0.0, ctx.recompute, ctx.mbs, pipes))
-        got = best_candidate(self.problem, cands, self.strategy, top=len(cands))
+        # a plan no faster than the slowest kept one would not be kept (`offer_result`)
+        full = len(self.results) >= self.keep
+        bound = self.results[-1].iteration_time_s if full else math.inf
+        got = best_candidate(self.problem, cands, self.strategy, len(cands), bound)
         if got:
             self.offer_result(PlanResult(self.strategy, got[0], got[1]))

@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hetpp.cost.comm import p2p_link
 from hetpp.planner.assemble import (
     Draft,
     Pipe,
@@ -25,6 +24,7 @@ from hetpp.planner.assemble import (
     best_candidate,
     layout_pipes,
     pipe_group,
+    pipe_signature,
 )
 from hetpp.planner.balance import capacities
 from hetpp.planner.bounds import ideal_time_bound
@@ -161,7 +161,7 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
     seen: dict[tuple, float] = {}
     worst = 0.0
     for pipe in pipes:
-        sig = _signature(problem, pipe)
+        sig = pipe_signature(problem, pipe)
         if sig not in seen:
             runs = run_lengths(sig[0])
             tmpl = ctx.with_bounds(runs, pipe.bounds) if runs else None
@@ -173,13 +173,6 @@ def _equal_batch_time(ctx: ShapeContext, pipes: list[Pipe], m: int) -> float | N
             seen[sig] = kind.time(m) + tmpl.tail_s
         worst = max(worst, seen[sig])
     return worst
-
-
-def _signature(problem: Problem, pipe: Pipe) -> tuple:
-    cl = problem.cluster
-    keys = tuple(cl.gpu(d).name.lower() for d in pipe.devices)
-    links = tuple(p2p_link(cl, a, b) for a, b in zip(pipe.devices, pipe.devices[1:]))
-    return keys, links
 
 
 def _result(

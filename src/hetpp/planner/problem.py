@@ -78,6 +78,10 @@ class Problem:
     tp_search: bool = False
     """Search a TP degree per GPU type (`planner.tp`); False: plan with `tp_degrees` as given."""
     _cms: dict[tuple[bool, int], CostModel] = field(default_factory=dict, init=False, repr=False)
+    pipe_groups: dict[tuple, object] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`assemble.pipe_group`'s memo (closed-form line of each concrete pipeline kind)."""
 
     def __post_init__(self) -> None:
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:

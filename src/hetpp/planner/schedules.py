@@ -20,11 +20,12 @@ shares (hpp, data-balanced), so equal-batch baselines keep equal batches.
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 from typing import Literal
 
 from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, stage_costs
-from hetpp.planner.assemble import evaluate
+from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.partition import equal_bounds
 from hetpp.planner.problem import Problem
@@ -64,14 +65,14 @@ def choose_schedules(
                     trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
                     if trial is None:
                         continue
-                    cost = evaluate(problem, trial)
-                    if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                    cost = evaluate_below(problem, trial, best.iteration_time_s)
+                    if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                         plan, best = trial, cost
     if rebalance:
         trial = _rebalanced(problem, plan)
         if trial is not None:
-            cost = evaluate(problem, trial)
-            if cost.fits and cost.iteration_time_s < best.iteration_time_s:
+            cost = evaluate_below(problem, trial, best.iteration_time_s)
+            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
 
@@ -215,8 +216,13 @@ def _settle(
 def _takes(plan: Plan, i: int, m: int) -> bool:
     """Whether pipeline i's schedule runs m micro-batches."""
     pipe = plan.pipelines[i]
-    spec = pipe.schedule_in(plan.train)
-    return spec.micro_batch_problem(len(pipe.stages), len(pipe.devices), m) is None
+    return _runs(pipe.schedule or plan.train.schedule, len(pipe.stages), len(pipe.devices), m)
+
+
+@lru_cache(maxsize=65536)
+def _runs(schedule: str, num_stages: int, num_devices: int, m: int) -> bool:
+    """`_takes` by schedule and shape (asked for every pipeline of every trial)."""
+    return SCHEDULES[schedule].micro_batch_problem(num_stages, num_devices, m) is None
 
 
 def _with_counts(plan: Plan, counts: list[int]) -> Plan:

@@ -1,0 +1,52 @@
+"""The speed work on the search (memoized pipeline lines, per-device grouping in the full cost,
+cached parameter counts) must not change what the search returns: the default search's plan
+(strategy `best`, schedule pass included) keeps its full step cost on a few suite scenarios.
+
+The expected costs were computed by the code before that work (commit ebc6d21), with:
+
+    mkdir -p /tmp/base && git archive ebc6d21 src | tar -x -C /tmp/base
+    PYTHONPATH=/tmp/base/src .venv/bin/python tests/unit/test_planner_speed_unchanged.py
+
+(which prints the rows below as the hetpp on the path computes them). A change that means to
+alter the search's plans or the cost model (not its speed) reprints them with the same command
+on its own tree and says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetpp.planner import Problem, plan
+from hetpp.specs import TrainSpec, load_cluster, load_model
+
+SCENARIOS = Path(__file__).parents[2] / "bench" / "scenarios"
+
+EXPECTED = [
+    ("mixed-8", "gpt3-1.3b", 64, 1.1878759165391406),
+    ("gen-16", "llama2-7b", 64, 1.5114927832243115),
+    ("edu-32", "gpt3-13b", 128, 11.057640436674578),
+    ("lab-64", "gpt3-13b", 256, 6.648145467030393),
+]
+
+
+def _search(cluster: str, model: str, batch: int):
+    problem = Problem(
+        load_model(model, 2048),
+        load_cluster(SCENARIOS / f"{cluster}.yaml"),
+        TrainSpec(global_batch=batch, seq_len=2048),
+    )
+    return plan(problem, "best")
+
+
+@pytest.mark.parametrize(("cluster", "model", "batch", "step_s"), EXPECTED)
+def test_default_search_plan_cost_unchanged(cluster, model, batch, step_s):
+    got = _search(cluster, model, batch)
+    assert got.feasible
+    assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
+
+
+if __name__ == "__main__":
+    for cluster, model, batch, _ in EXPECTED:
+        got = _search(cluster, model, batch).iteration_time_s
+        print(f'    ("{cluster}", "{model}", {batch}, {got!r}),', flush=True)
