@@ -13,7 +13,9 @@ Hierarchy (docs/architecture.md, "Planner"):
      of an optimistic bound (`candidates`); and nested homogeneous layouts, whose splits refine
      one another so that gradient buckets stay parallel. Every setting is screened with
      homogeneous pipelines; the best ones also get the layer-balanced mixed shapes and the
-     two-type shapes for types that cannot hold the model alone.
+     two-type shapes for types that cannot hold the model alone. Two-type clusters of few
+     enough device-count vectors take their mixed shapes in the exact search's count DP
+     instead (`_search_pairs`), so layouts of several different mixed shapes are reached.
 3. Data balance (`balance`): integer micro-batch counts that minimize the slowest pipeline.
 Micro-batch size and recomputation are outer choices ("settings"), visited in order of an
 optimistic bound (`bounds.ideal_time_bound`) and skipped when it cannot beat the best plan so
@@ -257,8 +259,9 @@ def _search_decomposed(
     types that cannot hold the model alone ("pairs"). Options go in order of their bound, cut
     off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
     homogeneous layouts too. The best few by estimate get the full cost; with `mixed`, local
-    moves (`refine`) from the best; no options once `out_of_time()`. Returns the best
-    estimate."""
+    moves (`refine`) from the best; no options once `out_of_time()`. The two-type pass of a
+    two-type cluster of at most `PAIR_DP_STATES` device-count vectors is `_search_pairs`.
+    Returns the best estimate."""
     total = ctx.problem.micro_batches(ctx.mbs)
     budget = ctx.problem.schedule_spec.devices_within_batch
     items = homogeneous_items(ctx)
