@@ -1,17 +1,24 @@
 """Search quality: hpp's default search against its own exact search on clusters of 8-64 GPUs.
 
     .venv/bin/python bench/search_quality.py [--out docs/benchmarks-search.md]
+    .venv/bin/python bench/search_quality.py --cpu-against ebc6d21 [--repeat 3]
 
 On clusters past `search.EXACT_STATES` device-count vectors the default search decomposes
 (per-type knapsack, a few mixed templates, local moves); the exact search walks every template
 multiset (`planner.search._search_exact`), which is affordable up to 64 GPUs of two or three
 types. Per cluster it prints both iteration times, the gap and both search times. Target: the
-default within 1% of exact on every cluster (issue 12).
+default within 1% of exact on every cluster (issue 12). `--cpu-against REF` instead times the
+default search alone in CPU seconds per cluster, in this tree and in `src/` at git commit REF
+side by side (a fresh subprocess per search, old and new alternated, median of `--repeat`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +72,58 @@ def run_case(groups, model: str, batch: int) -> dict:
     return row
 
 
+def _default_cpu(i: int) -> None:
+    """Child process: the default search on case i, its CPU seconds and step as JSON."""
+    groups, model, batch = CASES[i]
+    problem = Problem(
+        load_model(model, SEQ), cluster(groups), TrainSpec(global_batch=batch, seq_len=SEQ)
+    )
+    c0 = time.process_time()
+    r = plan(problem)
+    print(json.dumps({"cpu_s": time.process_time() - c0, "step_s": r.iteration_time_s}))
+
+
+def cpu_against(ref: str, repeat: int) -> None:
+    """Per cluster, the default search's median CPU seconds here and at `ref`, side by side."""
+    from search_speed import unpack
+
+    here = Path(__file__).parent
+    variants = {"old": unpack(ref), "new": here.parent / "src"}
+    total = dict.fromkeys(variants, 0.0)
+    print(f"{'cluster':>40} {'model':>10} old CPU s  new CPU s  new/old  old step  new step")
+    for i, (groups, model, _) in enumerate(CASES):
+        cpus: dict[str, list[float]] = {k: [] for k in variants}
+        steps: dict[str, float] = {}
+        for _ in range(repeat):
+            for name, src in variants.items():
+                code = (
+                    f"import sys; sys.path.insert(0, {str(here)!r}); import search_quality as q; "
+                )
+                out = subprocess.run(
+                    [sys.executable, "-c", code + f"q._default_cpu({i})"],
+                    env={**os.environ, "PYTHONPATH": str(src)},
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                got = json.loads(out.strip().splitlines()[-1])
+                cpus[name].append(got["cpu_s"])
+                steps[name] = got["step_s"]
+        med = {k: statistics.median(v) for k, v in cpus.items()}
+        for k in variants:
+            total[k] += med[k]
+        name = " + ".join(f"{n * c}x {g}" for g, n, c in groups)
+        print(
+            f"{name:>40} {model:>10} {med['old']:9.2f} {med['new']:10.2f} "
+            f"{med['new'] / med['old']:8.2f} {steps['old']:9.4f} {steps['new']:9.4f}",
+            flush=True,
+        )
+    print(
+        f"{'total':>40} {'':>10} {total['old']:9.2f} {total['new']:10.2f} "
+        f"{total['new'] / total['old']:8.2f}"
+    )
+
+
 def markdown(rows: list[dict], command: str) -> str:
     worst = max(r["gap"] for r in rows)
     lines = [
@@ -90,7 +149,12 @@ def markdown(rows: list[dict], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the Markdown table here")
+    ap.add_argument("--cpu-against", help="git commit whose default search to time beside this")
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
+    if args.cpu_against:
+        cpu_against(args.cpu_against, args.repeat)
+        return 0
     rows = []
     for groups, model, batch in CASES:
         rows.append(run_case(groups, model, batch))

@@ -55,21 +55,25 @@ def _devices_for(ctx: ShapeContext, key: str, nbytes: float) -> int:
     return ctx.layer_list_len + 1 if need is None else need
 
 
-def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> list[TemplateCost]:
+def mixed_templates(
+    ctx: ShapeContext, items: dict[str, list[TemplateCost]], every: bool = False
+) -> list[TemplateCost]:
     """Two-type shapes: a few devices a of a type with more memory per device (up to
     `MIXED_RICH_MAX`) and c of the other. Where the other type cannot hold the model alone, the
     rich devices carry the layers it cannot hold: c from the fewest that fit and a few more.
     Where it can, a fast rich device can also take a large share of the layers while several
     slow ones share the rest (1 H100 + 8 T4 beats homogeneous T4 pipelines next to an idle
-    H100): c also over powers of two. (Proportional mixes: `proportional_templates`.)"""
+    H100): c also over powers of two. (Proportional mixes: `proportional_templates`.)
+    `every` (for the count DP of `search._search_pairs`): a few of either type, and every c
+    from the fewest that fit (3 A100-40GB + 8 H100, 1 RTX-4090 + 5 A100 next to
+    2 A100 + 13 RTX-4090)."""
     pools = ctx.problem.pools
     out: list[TemplateCost] = []
     idx = {k: i for i, k in enumerate(ctx.keys)}
     states = model_state_bytes(ctx.cm.model, ctx.cm.train)
     for rich, poor in itertools.permutations(ctx.keys, 2):
-        if pools[rich].gpu.memory_bytes < pools[poor].gpu.memory_bytes:
-            continue
-        if pools[rich].gpu.memory_bytes == pools[poor].gpu.memory_bytes and rich > poor:
+        mem_rich, mem_poor = pools[rich].gpu.memory_bytes, pools[poor].gpu.memory_bytes
+        if not every and (mem_rich < mem_poor or (mem_rich == mem_poor and rich > poor)):
             continue
         least_rich = items[rich][0].num_stages if items[rich] else pools[rich].count
         usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
@@ -79,7 +83,7 @@ def mixed_templates(ctx: ShapeContext, items: dict[str, list[TemplateCost]]) -> 
             spread = {c for c in _powers_of_two(top) if c > floor} if items[poor] else set()
             found = 0
             for c in range(floor, top + 1):
-                if found > MIXED_SPAN and c not in spread:
+                if not every and found > MIXED_SPAN and c not in spread:
                     if c > max(spread, default=0):
                         break
                     continue

@@ -192,7 +192,9 @@ def _split_budget(fs: list[np.ndarray], budget: int) -> list[int]:
 
 
 class CountDP:
-    """Exact: the best multiset of templates over device-count vectors (small clusters)."""
+    """Exact: the best multiset of templates over device-count vectors (small clusters). A
+    state depends only on states with fewer devices, so the states of one device count are
+    solved together (one array step per count, not one per state)."""
 
     def __init__(
         self,
@@ -211,11 +213,11 @@ class CountDP:
         comps = np.array([c for c, _ in templates], dtype=int).reshape(len(templates), -1)
         fits = (comps[None, :, :] <= grid[:, None, :]).all(axis=2)  # state x template
         flat, comp_flat = grid @ radix, comps @ radix
-        self.apply: list[tuple[np.ndarray, np.ndarray]] = []
-        for i in range(len(self.states)):
-            idx = np.flatnonzero(fits[i])
-            self.apply.append((idx, flat[i] - comp_flat[idx]))
+        # Predecessor of each state by each template; one past the last state where it does
+        # not fit (that entry of the value table stays -inf).
+        self.pred = np.where(fits, flat[:, None] - comp_flat[None, :], len(self.states))
         size = grid.sum(axis=1)
+        self.levels = [np.flatnonzero(size == n) for n in range(1, int(size.max()) + 1)]
         self.allowed = size <= total if device_budget else np.ones(len(size), dtype=bool)
 
     def __call__(
@@ -225,21 +227,19 @@ class CountDP:
         vals = _values(self.arrays, t, self.total, use_tail)
         ok = vals > 0 if mask is None else (vals > 0) & mask
         vals = np.where(ok, vals, -np.inf)
-        g = np.full(len(self.states), -np.inf)
+        g = np.full(len(self.states) + 1, -np.inf)
         g[0] = 0.0
-        arg = np.full(len(self.states), -1)
-        for i in range(1, len(self.states)):
-            idx, pred = self.apply[i]
-            if len(idx):
-                cand = g[pred] + vals[idx]
-                j = int(np.argmax(cand))
-                g[i], arg[i] = cand[j], j
-        g_ok = np.where(self.allowed, g, -np.inf)
+        arg = np.zeros(len(self.states), dtype=int)
+        for level in self.levels:
+            cand = g[self.pred[level]] + vals
+            arg[level] = np.argmax(cand, axis=1)
+            g[level] = cand[np.arange(len(level)), arg[level]]
+        g_ok = np.where(self.allowed, g[:-1], -np.inf)
         i = int(np.argmax(g_ok))
         value = float(g_ok[i])
         counts: dict[int, int] = {}
-        while i > 0 and arg[i] >= 0:
-            idx, pred = self.apply[i]
-            counts[int(idx[arg[i]])] = counts.get(int(idx[arg[i]]), 0) + 1
-            i = int(pred[arg[i]])
+        while i > 0:
+            k = int(arg[i])
+            counts[k] = counts.get(k, 0) + 1
+            i = int(self.pred[i, k])
         return value, [(self.templates[k], n) for k, n in sorted(counts.items())]

@@ -13,7 +13,9 @@ Hierarchy (docs/architecture.md, "Planner"):
      of an optimistic bound (`candidates`); and nested homogeneous layouts, whose splits refine
      one another so that gradient buckets stay parallel. Every setting is screened with
      homogeneous pipelines; the best ones also get the layer-balanced mixed shapes and the
-     two-type shapes for types that cannot hold the model alone.
+     two-type shapes for types that cannot hold the model alone. Two-type clusters of few
+     enough device-count vectors take their mixed shapes in the exact search's count DP
+     instead (`_search_pairs`), so layouts of several different mixed shapes are reached.
 3. Data balance (`balance`): integer micro-batch counts that minimize the slowest pipeline.
 Micro-batch size and recomputation are outer choices ("settings"), visited in order of an
 optimistic bound (`bounds.ideal_time_bound`) and skipped when it cannot beat the best plan so
@@ -43,7 +45,7 @@ from hetpp.planner.candidates import (
     proportional_templates,
 )
 from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
-from hetpp.planner.multisets import branch_and_bound, compositions, count_multisets
+from hetpp.planner.multisets import branch_and_bound, composition, compositions, count_multisets
 from hetpp.planner.problem import Problem
 from hetpp.planner.refine import estimate, refine
 from hetpp.planner.schedules import choose_schedules
@@ -74,6 +76,9 @@ FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
 """... and that get two-type shapes for types that cannot hold the model alone."""
+PAIR_DP_STATES = 1200
+"""Large two-type clusters of at most this many device-count vectors (up to 33 devices of each
+type) take the mixed shapes in the exact search's count DP (`_search_pairs`)."""
 
 
 def search_hpp(
@@ -173,22 +178,74 @@ def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
     if not templates:
         return
     dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
-    tails = np.array([t.tail_s for _, t in templates])
     comps = np.array([c for c, _ in templates]) > 0
     subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
     for q in subsets:
-        mask = ~(comps & ~np.array(q)).any(axis=1)
-        while any(q) and mask.any():
-            got = min_time(lambda t, m=mask: dp(t, mask=m), total, use_tail=False)
-            if got is None or got[0] >= inc.bound:
-                break
-            inc.offer(ctx, [got[1]])
-            mask &= tails < max(x.tail_s for x, _ in got[1])
+        if any(q):
+            mask = ~(comps & ~np.array(q)).any(axis=1)
+            _peel(ctx, dp, mask, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
     # With a good incumbent, rank the remaining multisets by the full cost where they are
     # few enough; their lower bound (`multisets.lower_bounds`) prunes most of them.
     shapes = [t for _, t in templates]
     if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
         branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+
+
+def _peel(
+    ctx: ShapeContext,
+    dp: CountDP,
+    mask: np.ndarray,
+    bound: Callable[[], float],
+    take: Callable[[Layout], None],
+) -> None:
+    """Solve for the least compute time over the templates `mask` allows, then forbid those
+    with the largest tail used and solve again, until the compute time alone reaches `bound()`;
+    `take` each answer."""
+    total = ctx.problem.micro_batches(ctx.mbs)
+    tails = np.array([t.tail_s for t in dp.templates])
+    while mask.any():
+        got = min_time(lambda t, m=mask: dp(t, mask=m), total, use_tail=False)
+        if got is None or got[0] >= bound():
+            break
+        take(got[1])
+        mask = mask & (tails < max(x.tail_s for x, _ in got[1]))
+
+
+def _search_pairs(ctx: ShapeContext, inc: Incumbent, items: dict[str, list[TemplateCost]]) -> float:
+    """The mixed pass of two-type clusters with few device-count vectors (`PAIR_DP_STATES`):
+    the count DP of the exact search over the homogeneous depths and every shape with a few
+    devices of either type (`mixed_templates(every=True)`), peeled by tail as there until the
+    compute time reaches the best estimate; the best `TOP` answers by estimate get the full
+    cost, and the best one local moves. It reaches layouts of several different mixed shapes
+    next to homogeneous ones, which one mixed shape taken k times cannot (32 A100 +
+    32 RTX-4090: 2 A100 + 13 RTX-4090, 2 A100 + 14 RTX-4090 and 1 RTX-4090 + 8 A100 next to
+    four 1 RTX-4090 + 5 A100), and needs no order of options by a bound (16 H100 +
+    16 A100-40GB: two 3 A100 + 8 H100 next to 10 A100, an option the bound ranked 201st of
+    240). Returns the best estimate."""
+    templates = [t for v in items.values() for t in v]
+    templates = list(dict.fromkeys(templates + mixed_templates(ctx, items, every=True)))
+    if not templates:
+        return math.inf
+    total = ctx.problem.micro_batches(ctx.mbs)
+    budget = ctx.problem.schedule_spec.devices_within_batch
+    dp = CountDP([(composition(ctx, t), t) for t in templates], ctx.counts, total, budget)
+    found: list[tuple[float, Layout]] = []
+    _peel(
+        ctx,
+        dp,
+        np.ones(len(templates), dtype=bool),
+        lambda: min([inc.bound, *(e for e, _ in found)]),
+        lambda lay: found.append((estimate(ctx, lay), lay)),
+    )
+    if not found:
+        return math.inf
+    found.sort(key=lambda x: x[0])
+    inc.offer(ctx, [lay for _, lay in found[:TOP]])
+    path = refine(ctx, found[0][1])
+    if path:
+        inc.offer(ctx, path[-REFINED:])
+        return estimate(ctx, path[-1])
+    return found[0][0]
 
 
 def _search_decomposed(
@@ -202,11 +259,15 @@ def _search_decomposed(
     types that cannot hold the model alone ("pairs"). Options go in order of their bound, cut
     off by it or after `PATIENCE` options without a better estimate; without `mixed`, nested
     homogeneous layouts too. The best few by estimate get the full cost; with `mixed`, local
-    moves (`refine`) from the best; no options once `out_of_time()`. Returns the best
-    estimate."""
+    moves (`refine`) from the best; no options once `out_of_time()`. The two-type pass of a
+    two-type cluster of at most `PAIR_DP_STATES` device-count vectors is `_search_pairs`.
+    Returns the best estimate."""
     total = ctx.problem.micro_batches(ctx.mbs)
     budget = ctx.problem.schedule_spec.devices_within_batch
     items = homogeneous_items(ctx)
+    states = math.prod(n + 1 for n in ctx.counts)
+    if mixed == "pairs" and len(ctx.keys) == 2 and states <= PAIR_DP_STATES:
+        return _search_pairs(ctx, inc, items)
     templates: list[TemplateCost] = []
     if mixed == "proportional":
         templates = proportional_templates(ctx)
