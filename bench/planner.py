@@ -27,6 +27,7 @@ from hetpp.cost.comm import allreduce_time_s, group_link
 from hetpp.cost.step import cost_model_for_plan
 from hetpp.planner import BASELINES, Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.oracle import MAX_DEVICES
+from hetpp.planner.schedules import busiest_work_s
 from hetpp.report.plans import schedule_summary
 from hetpp.specs import TrainSpec, load_cluster, load_model
 from hetpp.specs.schedule import SCHEDULES
@@ -110,11 +111,7 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
     cm = problem.cost_model(plan.train.recompute)
     times = step.pipeline_time_s
     slowest = max(range(len(times)), key=times.__getitem__)
-    work: dict[int, float] = {}
-    for st in step.stages:
-        if st.pipeline == slowest:
-            work[st.device] = work.get(st.device, 0.0) + st.fwd_s + st.bwd_s
-    busy = plan.pipelines[slowest].num_micro_batches * max(work.values())
+    busy = plan.pipelines[slowest].num_micro_batches * busiest_work_s(step)[slowest]
     rate = 0.0  # samples/s of the plan's devices at its settings, each training the model alone
     for pipe in plan.pipelines:
         mbs = pipe.micro_batch_size
