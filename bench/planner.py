@@ -27,6 +27,7 @@ from hetpp.cost.comm import allreduce_time_s, group_link
 from hetpp.cost.step import cost_model_for_plan
 from hetpp.planner import BASELINES, Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.oracle import MAX_DEVICES
+from hetpp.planner.schedules import busiest_work_s
 from hetpp.report.plans import schedule_summary
 from hetpp.specs import TrainSpec, load_cluster, load_model
 from hetpp.specs.schedule import SCHEDULES
@@ -74,9 +75,10 @@ def run_one(
     names = [*BASELINES, "hpp"] + (
         ["oracle"] if oracle and cluster.num_devices <= MAX_DEVICES else []
     )
+    results = {}
     for name in names:
         t0 = time.perf_counter()
-        r = plan(problem(), name)
+        r = results[name] = plan(problem(), name)
         row[name] = {
             "tput": r.throughput_samples_per_s,
             "search": time.perf_counter() - t0,
@@ -86,7 +88,48 @@ def run_one(
             "setting": _setting(r.plan) if r.plan else "",
             "sync_share": _sync_share(r) if r.plan else 0.0,
         }
+    r = results["hpp"]
+    row["hpp"]["breakdown"] = step_breakdown(problem(), r, row["limit"]) if r.plan else {}
     return row
+
+
+LOSSES = ("bubble", "sync", "optimizer", "efficiency", "imbalance")
+"""What takes a step's time beyond the physical limit's, as `step_breakdown` splits it."""
+
+
+def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
+    """hpp's step split into shares of its time that add up to 1: `limit`, the step at the
+    physical limit's rate (so also the fraction of the limit reached); `bubble`, the slowest
+    pipeline's time beyond its micro-batches x its busiest device's work per micro-batch (fill,
+    drain and lock-step stalls); `sync`, gradient sync exposed after the pipelines; `optimizer`,
+    the rest of the step after them (optimizer step, sharded all-gathers); `efficiency`, what
+    the plan's micro-batch sizes and recomputation cost against the limit's best setting, on the
+    devices the plan uses; `imbalance`, the remainder: that busiest device's work over the
+    plan's devices' mean (stage and batch imbalance, hops inside a beat, unused devices)."""
+    plan, step = result.plan, result.step
+    total = step.iteration_time_s
+    cm = problem.cost_model(plan.train.recompute)
+    times = step.pipeline_time_s
+    slowest = max(range(len(times)), key=times.__getitem__)
+    busy = plan.pipelines[slowest].num_micro_batches * busiest_work_s(step)[slowest]
+    rate = 0.0  # samples/s of the plan's devices at its settings, each training the model alone
+    for pipe in plan.pipelines:
+        mbs = pipe.micro_batch_size
+        for st in {st.device: st for st in pipe.stages}.values():
+            c = cm.layer_costs(cm.cluster.gpu(st.device), mbs, st.recomputes(plan.train), st.tp)
+            rate += mbs / (c.fwd_cum[-1] + c.bwd_cum[-1])
+    ideal, at_setting = plan.global_batch / limit, plan.global_batch / rate
+    tail = total - max(times)
+    sync = min(step.exposed_sync_s, tail)
+    seconds = {
+        "limit": ideal,
+        "bubble": max(times) - busy,
+        "sync": sync,
+        "optimizer": tail - sync,
+        "efficiency": at_setting - ideal,
+        "imbalance": busy - at_setting,
+    }
+    return {k: v / total for k, v in seconds.items()}
 
 
 def _sync_share(result) -> float:
@@ -230,6 +273,31 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
             f"{h['search']:.2f} s | "
             + "/".join(f"{r[b]['search']:.2f}" for b in BASELINES)
             + " s |"
+        )
+    lines += [
+        "",
+        "## Where the step goes",
+        "",
+        "hpp's step as shares of its time (`step_breakdown`; they add up to 100%): *at limit*, "
+        "the step at the physical limit's rate (the fraction of the limit reached); *bubble*, "
+        "the slowest pipeline beyond its micro-batches x its busiest device's work (fill, "
+        "drain, stalls); *sync*, gradient sync exposed after the pipelines; *optimizer*, the "
+        "rest after them; *mbs/recompute*, the plan's micro-batch sizes and recomputation "
+        "against the limit's best setting on the devices it uses; *imbalance*, the remainder "
+        "(the busiest device's work over the mean: stage and batch imbalance, unused devices). "
+        "*sync alone*: the whole model's gradient all-reduced once over the slowest link its "
+        "buckets cross, as a share of the step (what no schedule hides once above 25%).",
+        "",
+        "| cluster | model | at limit | bubble | sync | optimizer | mbs/recompute | imbalance "
+        "| sync alone | hpp setting |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b = r["hpp"]["breakdown"]
+        lines.append(
+            f"| {r['cluster']} | {r['model']} | "
+            + " | ".join(f"{b.get(k, 0.0):.0%}" for k in ("limit", *LOSSES))
+            + f" | {r['hpp']['sync_share']:.0%} | {r['hpp']['setting']} |"
         )
     return "\n".join(lines) + "\n"
 

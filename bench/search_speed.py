@@ -59,14 +59,19 @@ def _one(cluster: dict, strategy: str) -> None:
 def time_search(cluster: dict, src: Path, strategy: str) -> tuple[float, float, float]:
     """(search seconds, its CPU seconds, iteration time of the plan) with the package under
     `src`."""
+    got = child_json("search_speed", f"_one({cluster!r}, {strategy!r})", src)
+    return got["time_s"], got["cpu_s"], got["step_s"]
+
+
+def child_json(module: str, call: str, src: Path) -> dict:
+    """Run `call` of the bench module `module` in a fresh interpreter with the package under
+    `src`; the JSON of its last line of output."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import search_speed as s; "
-    code += f"s._one({cluster!r}, {strategy!r})"
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {module} as s; s.{call}"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
     ).stdout
-    got = json.loads(out.strip().splitlines()[-1])
-    return got["time_s"], got["cpu_s"], got["step_s"]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def unpack(ref: str) -> Path:

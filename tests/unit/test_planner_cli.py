@@ -135,6 +135,7 @@ def test_bench_quick_mode_runs(tmp_path):
     assert "hpp over the best baseline" in res.stdout
     text = out.read_text()
     assert "bench/planner.py --quick" in text and "| mixed-8 |" in text
+    assert "## Where the step goes" in text
 
 
 def test_plan_time_limit_keeps_the_best_plan_so_far_and_says_so(tmp_path, capsys):

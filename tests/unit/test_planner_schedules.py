@@ -10,9 +10,10 @@ from test_planner_strategies import check_plan
 
 from hetpp.cost.step import step_cost
 from hetpp.planner import STRATEGIES, plan
-from hetpp.planner.schedules import choose_schedules
+from hetpp.planner.schedules import _kept_counts_bounds, choose_schedules, pass_bound_s
 from hetpp.sim import compare_with_cost
 from hetpp.specs import SpecError, load_cluster
+from hetpp.specs.plan import PipelinePlan, StagePlan
 from hetpp.specs.schedule import SCHEDULES
 
 CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
@@ -77,3 +78,27 @@ def _with_base(schedule: str, cl):
     from hetpp.specs import TrainSpec, load_model
 
     return Problem(load_model("gpt3-1.3b", 1024), cl, TrainSpec(global_batch=8, schedule=schedule))
+
+
+def test_loop_chunks_keep_each_device_s_layer_count():
+    """Stages of 1, 3, 3 and 5 layers at 2 chunks: the first device (one layer) takes one
+    from the fourth (the most), then each device's layers are dealt over its two chunks, the
+    first chunk taking the odd one: 1+1, 2+1, 2+1, 2+2."""
+    stages = tuple(
+        StagePlan(devices=(d,), layers=ab) for d, ab in enumerate([(0, 1), (1, 4), (4, 7), (7, 12)])
+    )
+    pipe = PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=8)
+    got = _kept_counts_bounds(pipe, SCHEDULES["interleaved-1f1b"], 2)
+    assert got == (0, 1, 3, 5, 7, 8, 9, 10, 12)
+    # at 3 chunks the first device takes two (from the fourth, then the fourth again): 3 each
+    assert _kept_counts_bounds(pipe, SCHEDULES["interleaved-1f1b"], 3) == tuple(range(13))
+    assert _kept_counts_bounds(pipe, SCHEDULES["zbv"], 2) is None  # V: the head moves
+    assert _kept_counts_bounds(pipe, SCHEDULES["interleaved-1f1b"], 4) is None  # 12 < 16
+
+
+def test_the_pass_bound_is_optimistic(plans):
+    one, prob, got = plans
+    bound = pass_bound_s(one.plan, one.step)
+    assert bound < one.iteration_time_s
+    assert bound <= choose_schedules(prob, one.plan)[1].iteration_time_s
+    assert bound <= got.iteration_time_s

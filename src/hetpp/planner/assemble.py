@@ -238,8 +238,10 @@ def layout_key(layout: Sequence[tuple[TemplateCost, int]]) -> tuple:
 
 class Incumbent:
     """The best plans so far, and the bound the best sets: new layouts are ranked by the full
-    cost. It keeps the `keep` fastest (distinct) ones, for the schedule pass to try at the end
-    (`hetpp.planner.schedules`: a runner-up with deeper pipelines may gain more)."""
+    cost. It keeps the `keep` fastest (distinct) ones, and the fastest of each setting
+    (recomputation, micro-batch size), for the schedule pass to try at the end
+    (`hetpp.planner.schedules`: a runner-up with deeper pipelines or larger micro-batches, more
+    bubble to remove, may gain more)."""
 
     def __init__(self, problem: Problem, strategy: str, keep: int = 1):
         self.problem = problem
@@ -247,6 +249,8 @@ class Incumbent:
         self.keep = keep
         self.results: list[PlanResult] = []
         """The fastest results so far, fastest first."""
+        self.per_setting: dict[tuple[bool, int], PlanResult] = {}
+        """The fastest result of each (recomputation, micro-batch size)."""
         self._seen: set[tuple] = set()
 
     @property
@@ -260,7 +264,13 @@ class Incumbent:
 
     def offer_result(self, r: PlanResult) -> None:
         """Keep a finished result if it is among the fastest so far."""
-        if not r.feasible or any(r.iteration_time_s == x.iteration_time_s for x in self.results):
+        if not r.feasible:
+            return
+        key = (r.plan.train.recompute, r.plan.pipelines[0].micro_batch_size)
+        held = self.per_setting.get(key)
+        if held is None or r.iteration_time_s < held.iteration_time_s:
+            self.per_setting[key] = r
+        if any(r.iteration_time_s == x.iteration_time_s for x in self.results):
             return
         self.results = sorted([*self.results, r], key=lambda x: x.iteration_time_s)[: self.keep]
 

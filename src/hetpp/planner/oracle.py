@@ -49,7 +49,7 @@ def search_oracle(problem: Problem, max_devices: int = MAX_DEVICES) -> PlanResul
     elapsed = time.perf_counter() - t0
     if inc.result is None or inc.result.plan is None:
         return PlanResult("oracle", None, None, elapsed, "no plan fits")
-    best = after_schedule_pass(problem, inc.results, seeds)  # as hpp ends
+    best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
     elapsed = time.perf_counter() - t0
     plan = best.plan.model_copy(update={"strategy": "oracle"})
     return PlanResult("oracle", plan, best.step, elapsed)

@@ -2,9 +2,11 @@
 
 The search shapes pipelines (devices, splits, batch shares) under the plan's single-chunk
 schedule. This pass then tries, pipeline by pipeline (slowest first), each multi-chunk schedule
-the problem allows (`Problem.chunked_schedules`) at each chunk count it admits: the pipeline's
-layers re-split over its `chunks x D` stages, placed as the schedule says, each device's memory
-shared by its chunks; its micro-batch count kept if the schedule's torch class takes it. A
+the problem allows (`Problem.chunked_schedules`) at each chunk count it admits
+(`CHUNK_COUNTS`): the pipeline's layers re-split over its `chunks x D` stages, placed as the
+schedule says (loop: each device keeps its layer count, dealt over its chunks; V: each device
+about its work), each device's memory shared by its chunks; its micro-batch count kept if the
+schedule's torch class takes it. A
 change is kept when the full step cost (`step_cost`, memory included) improves. Then, where the
 strategy balances batch shares, data balance runs again on the new pipeline times (counts that
 torch refuses are moved to the nearest accepted ones). Memory judges every candidate: a schedule
@@ -48,6 +50,7 @@ def choose_schedules(
     for i, pipe in enumerate(plan.pipelines):
         if pipe.chunks == 1:
             groups.setdefault(_shape(problem, pipe), []).append(i)
+    one_chunk = plan
     # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
@@ -68,6 +71,16 @@ def choose_schedules(
                     cost = evaluate_below(problem, trial, best.iteration_time_s)
                     if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                         plan, best = trial, cost
+    # Every shape at once too: moving one shape alone re-cuts it against the others, which can
+    # split the blocks of every bucket over a slow link, while all moved together keep theirs.
+    if len(groups) > 1:
+        for name in problem.chunked_schedules:
+            spec = SCHEDULES[name]
+            for chunks in CHUNK_COUNTS[spec.placement]:
+                trial = _all_chunked(problem, one_chunk, groups, spec, chunks, split)
+                cost = None if trial is None else evaluate(problem, trial)
+                if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                    plan, best = trial, cost
     if rebalance:
         trial = _rebalanced(problem, plan)
         if trial is not None:
@@ -75,6 +88,51 @@ def choose_schedules(
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
+
+
+def _all_chunked(
+    problem: Problem,
+    plan: Plan,
+    groups: dict[tuple, list[int]],
+    spec: ScheduleSpec,
+    chunks: int,
+    split: Split,
+) -> Plan | None:
+    """`plan` with every group of pipelines that can on `spec` at `chunks` chunks (the rest
+    unchanged), its micro-batch counts settled; None if no group can or they cannot settle."""
+    trial, moved = plan, False
+    for members in groups.values():
+        pipes = [_chunked(problem, plan, plan.pipelines[i], spec, chunks, split) for i in members]
+        if all(pipes):
+            for i, pipe in zip(members, pipes):
+                trial = _with_pipeline(trial, i, pipe)
+            moved = True
+    if not moved:
+        return None
+    return _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
+
+
+def busiest_work_s(step: StepCost) -> list[float]:
+    """Per pipeline of a costed plan: its busiest device's forward + backward seconds per
+    micro-batch, over all the stages the device runs (what a bubble-free schedule paces at)."""
+    work: dict[tuple[int, int], float] = {}
+    for st in step.stages:
+        key = (st.pipeline, st.device)
+        work[key] = work.get(key, 0.0) + st.fwd_s + st.bwd_s
+    busiest = [0.0] * len(step.pipeline_time_s)
+    for (p, _), w in work.items():
+        busiest[p] = max(busiest[p], w)
+    return busiest
+
+
+def pass_bound_s(plan: Plan, step: StepCost) -> float:
+    """An optimistic step time for `plan` after the pass: every pipeline bubble-free (each
+    micro-batch its busiest device's work), the batch re-balanced over them, no exposed sync,
+    the same optimizer step. The search skips passes this says cannot win."""
+    rate = sum(
+        pipe.micro_batch_size / w for pipe, w in zip(plan.pipelines, busiest_work_s(step))
+    )  # samples per second
+    return plan.global_batch / rate + step.optimizer_s
 
 
 def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
@@ -111,7 +169,9 @@ def _chunked(
         return None
     placed = [devices[spec.device_index(s, num_devices)] for s in range(num)]
     if split == "balanced":
-        bounds = _proportional_bounds(problem, plan, pipe, placed, chunks)
+        bounds = _kept_counts_bounds(pipe, spec, chunks) or _proportional_bounds(
+            problem, plan, pipe, placed, chunks
+        )
         if bounds is None:
             return None
     else:
@@ -126,30 +186,63 @@ def _chunked(
     )  # fmt: skip
 
 
+def _kept_counts_bounds(
+    pipe: PipelinePlan, spec: ScheduleSpec, chunks: int
+) -> tuple[int, ...] | None:
+    """Loop placement: each device keeps as many layers as it has in `pipe`, dealt over its
+    chunks as evenly as they go (the earlier chunks take the odd ones), so every device's work
+    per micro-batch, and the first and last layers' devices, stay what the search balanced
+    (a time share per chunk would round 3 layers to 2 or 4 at 2 chunks). A device with fewer
+    layers than chunks (the embedding alone, say) takes the missing ones from the device with
+    the most. None for the V placement (its last stage is on the first device) or fewer layers
+    than stages."""
+    counts = [st.layers[1] - st.layers[0] for st in pipe.stages]
+    if spec.placement != "loop" or sum(counts) < chunks * len(counts):
+        return None
+    for d in range(len(counts)):
+        while counts[d] < chunks:
+            counts[max(range(len(counts)), key=counts.__getitem__)] -= 1
+            counts[d] += 1
+    return _dealt(pipe.stages[0].layers[0], counts, chunks)
+
+
+def _dealt(start: int, counts: list[int], chunks: int) -> tuple[int, ...]:
+    """Loop-placed cuts from `start` with `counts[d]` layers on device d, dealt over its
+    chunks as evenly as they go, the earlier chunks taking the odd ones."""
+    per_stage = [n // chunks + (c < n % chunks) for c in range(chunks) for n in counts]
+    return tuple(itertools.accumulate(per_stage, initial=start))
+
+
 def _proportional_bounds(
     problem: Problem, plan: Plan, pipe: PipelinePlan, placed: list[int], chunks: int
 ) -> tuple[int, ...] | None:
-    """Cuts giving each stage a `1 / chunks` share of its device's work in `pipe` (the
-    search's stage balance): walking the stages in order, a stage takes layers on its own
-    device while that brings its time nearer its share, leaving a layer for each later stage
-    (None when the layers run out first)."""
+    """Cuts giving each device about its work in `pipe` (the search's stage balance) over its
+    chunks: walking the stages in order, a stage takes layers on its own device while that
+    brings its time nearer the device's work still to place over its chunks still to come,
+    leaving a layer for each later stage (None when the layers run out first). Aiming at what
+    is left, not a fixed `1 / chunks` share, lets a later chunk make up for an earlier one's
+    rounding."""
     cm = problem.cost_model(plan.train.recompute)
     mbs = pipe.micro_batch_size
     cum = {d: _cum_time(cm, problem.cluster.gpu(d), mbs) for d in pipe.devices}
-    share = {st.device: (cum[st.device][st.layers[1]] - cum[st.device][st.layers[0]]) / chunks
-             for st in pipe.stages}  # fmt: skip
+    left = {st.device: cum[st.device][st.layers[1]] - cum[st.device][st.layers[0]]
+            for st in pipe.stages}  # fmt: skip
+    to_come = {d: chunks for d in pipe.devices}
     num, end = len(placed), problem.layer_list_len
     cuts = [0]
     for s, d in enumerate(placed[:-1]):
+        share = left[d] / to_come[d]
         a, b = cuts[-1], cuts[-1] + 1
         last = end - (num - s - 1)  # leave a layer for every later stage
-        while b < last and abs(cum[d][b + 1] - cum[d][a] - share[d]) <= abs(
-            cum[d][b] - cum[d][a] - share[d]
+        while b < last and abs(cum[d][b + 1] - cum[d][a] - share) <= abs(
+            cum[d][b] - cum[d][a] - share
         ):
             b += 1
         if b > last:
             return None
         cuts.append(b)
+        left[d] -= cum[d][b] - cum[d][a]
+        to_come[d] -= 1
     return (*cuts, end)
 
 

@@ -48,7 +48,7 @@ from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min
 from hetpp.planner.multisets import branch_and_bound, composition, compositions, count_multisets
 from hetpp.planner.problem import Problem
 from hetpp.planner.refine import estimate, refine
-from hetpp.planner.schedules import choose_schedules
+from hetpp.planner.schedules import choose_schedules, pass_bound_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
 
@@ -72,6 +72,9 @@ with fewer copies or other counts."""
 PASS_CANDIDATES = 2
 """The fastest one-chunk plans that get the schedule pass at the end (`hetpp.planner.schedules`:
 a runner-up with more bubble to remove can overtake the best)."""
+OTHER_SETTINGS = 2
+"""... and the best plans of at most this many other settings (micro-batch size, recomputation),
+those the pass could at best make the most of (`schedules.pass_bound_s`)."""
 FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
@@ -136,7 +139,7 @@ def search_hpp(
     if inc.result is None:
         return PlanResult("hpp", None, None, time.perf_counter() - t0, "no plan fits")
     say(0.99, "schedules per pipeline")
-    best = after_schedule_pass(problem, inc.results, seeds)
+    best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
     say(1.0, "done")
     notes = [f"the {best.strategy} plan was the best found"] if best.strategy != "hpp" else []
     if stopped:
@@ -146,23 +149,35 @@ def search_hpp(
 
 
 def after_schedule_pass(
-    problem: Problem, results: list[PlanResult], baselines: list[PlanResult]
+    problem: Problem,
+    results: list[PlanResult],
+    baselines: list[PlanResult],
+    others: list[PlanResult] = (),
 ) -> PlanResult:
     """The fastest of `results` once the schedule pass (`hetpp.planner.schedules`) has run on
     each, and of the one-chunk `baselines` after the pass each of them gets when it runs alone
     (its own split and batch freedom): so the search is never slower than a baseline, whichever
-    schedules the pass finds for either."""
-    passed = [
-        replace(r, **dict(zip(("plan", "step"), choose_schedules(problem, r.plan))))
-        for r in results
-    ]
-    passed += [
-        replace(b, **dict(zip(("plan", "step"),
-                              choose_schedules(problem, b.plan, *SCHEDULE_FREEDOM[b.strategy]))))
-        for b in baselines
-        if b.feasible
-    ]  # fmt: skip
-    return min(passed, key=lambda r: r.iteration_time_s)
+    schedules the pass finds for either. `others` (the best plan of each setting) get the pass
+    too (at most `OTHER_SETTINGS`), in order of what it could at best make of them
+    (`pass_bound_s`), while that can still beat the best so far: a larger micro-batch size,
+    slower with 1F1B, can win once its bubble is gone."""
+
+    def passed(r: PlanResult, *freedom) -> PlanResult:
+        return replace(
+            r, **dict(zip(("plan", "step"), choose_schedules(problem, r.plan, *freedom)))
+        )
+
+    done = [passed(r) for r in results]
+    done += [passed(b, *SCHEDULE_FREEDOM[b.strategy]) for b in baselines if b.feasible]
+    best = min(done, key=lambda r: r.iteration_time_s)
+    if problem.chunked_schedules:
+        seen = {r.iteration_time_s for r in results}
+        rest = [(pass_bound_s(r.plan, r.step), r) for r in others if r.iteration_time_s not in seen]
+        for bound, r in sorted(rest, key=lambda x: x[0])[:OTHER_SETTINGS]:
+            if bound >= best.iteration_time_s:
+                break
+            best = min(best, passed(r), key=lambda r: r.iteration_time_s)
+    return best
 
 
 def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:

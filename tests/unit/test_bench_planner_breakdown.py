@@ -1,0 +1,57 @@
+"""`bench/planner.py`'s breakdown of hpp's step against the physical limit."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from planner_cases import cluster, problem
+
+from hetpp.planner import physical_limit_samples_per_s, plan
+from hetpp.planner.assemble import PlanResult, evaluate
+from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "planner.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_planner", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_shares_add_up_to_the_step_and_start_with_the_fraction_of_the_limit(bench):
+    p = problem(cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1)), "gpt3-1.3b", 32, schedules=())
+    r = plan(p, "hpp")
+    limit = physical_limit_samples_per_s(p)
+    got = bench.step_breakdown(p, r, limit)
+    assert set(got) == {"limit", *bench.LOSSES}
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
+    assert got["limit"] == pytest.approx(r.throughput_samples_per_s / limit, rel=1e-12)
+    for k in ("bubble", "sync", "optimizer", "efficiency"):
+        assert got[k] >= -1e-12, k
+
+
+def test_one_1f1b_pipeline_of_two_equal_stages(bench):
+    """Two A100s, 26 layers cut 13/13 at micro-batch 1, 8 micro-batches: the bubble is the
+    pipeline's time beyond 8 x the busier stage's work; the only sync is the tied embedding and
+    head's, between the two."""
+    p = problem(cluster(("A100-80GB", 2, 1)), "gpt3-1.3b", 8, schedules=())
+    stages = (StagePlan(devices=(0,), layers=(0, 13)), StagePlan(devices=(1,), layers=(13, 26)))
+    pl = Plan(
+        pipelines=(PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=8),),
+        strategy="hand",
+        **p.plan_fields(False),
+    )
+    step = evaluate(p, pl)
+    got = bench.step_breakdown(p, PlanResult("hand", pl, step), physical_limit_samples_per_s(p))
+    work = max(s.fwd_s + s.bwd_s for s in step.stages)
+    total = step.iteration_time_s
+    assert got["bubble"] == pytest.approx((step.pipeline_time_s[0] - 8 * work) / total)
+    assert got["bubble"] > 0
+    assert got["sync"] == pytest.approx(step.exposed_sync_s / total)
+    assert got["imbalance"] >= 0
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
