@@ -190,3 +190,19 @@ def test_auto_keeps_half_precision_parameters_where_only_they_fit():
     auto = run_planner(problem(cl, model, 8, sharding_mode="auto", schedules=()))
     assert not off.feasible
     assert auto.feasible and auto.plan.sharding == "none" and auto.plan.train.half_params
+
+
+def test_auto_that_finds_nothing_says_which_sharded_searches_failed_too():
+    # 3.1 B parameters on two A100-40GB: 16 B each unsharded (50 GB) and 2 + 2 + 12/2 = 10 B
+    # sharded over two owners (31 GB per copy) both exceed one device, and a 2-stage pipeline
+    # has only one owner per bucket. The reason names the unsharded state and then every
+    # sharded search, so it does not read as if sharding had not been tried.
+    cl = cluster(("A100-40GB", 1, 1))
+    model = small_model(38, 2560)
+    got = run_planner(problem(cl, model, 8, sharding_mode="auto", schedules=()))
+    assert not got.feasible
+    assert "with the optimizer state over 1 owner per bucket (2 + 2 + 12 B per parameter)" in (
+        got.note
+    )
+    none = run_planner(problem(cl, model, 8, sharding_mode="none", schedules=()))
+    assert "owner" not in none.note

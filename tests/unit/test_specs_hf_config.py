@@ -102,3 +102,13 @@ def test_a_model_a_family_cannot_express_is_refused():
     c = PRESETS["tiny-llama"].model_copy(update={"parallel_residual": True})
     with pytest.raises(SpecError, match="cannot be written as llama: parallel_residual"):
         to_hf(c, "llama")
+
+
+def test_a_config_file_is_named_after_itself_and_a_folder_after_the_folder(tmp_path):
+    cfg = json.dumps(LLAMA)  # no _name_or_path: the name comes from the path
+    (tmp_path / "my-llama.json").write_text(cfg)
+    assert load_model_config(tmp_path / "my-llama.json").name == "my-llama"
+    folder = tmp_path / "llama-folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(cfg)
+    assert load_model_config(folder).name == "llama-folder"

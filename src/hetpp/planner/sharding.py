@@ -51,6 +51,7 @@ def search_with_sharding(
     sharded = sharded_problem(problem)
     base = search(replace(problem, optimizer_shards=1), time_limit_s)
     found = _both_ways(problem, sharded, base, keep_unsharded=mode == "auto")
+    tried: list[int] = []
     if mode == "optimizer" or _memory_short(problem, base):
         pipes = len(base.plan.pipelines) if base.feasible else 1
         ks = {min(g * pipes, problem.cluster.num_devices) for g in SHARD_GUESSES}
@@ -59,11 +60,28 @@ def search_with_sharding(
         for k in sorted(ks):
             got = search(replace(sharded, optimizer_shards=k), left())
             found += _both_ways(sharded, sharded, got, keep_unsharded=mode == "auto")
+            tried.append(k)
     best = min(found, key=lambda r: r.iteration_time_s, default=None)
     elapsed = time.perf_counter() - t0
     if best is None:
-        return replace(base, search_time_s=elapsed)
+        return replace(base, search_time_s=elapsed, note=_none_sharded(base.note, sharded, tried))
     return replace(best, search_time_s=elapsed)
+
+
+def _none_sharded(note: str, sharded: Problem, tried: list[int]) -> str:
+    """The unsharded search's reason for finding nothing, and which sharded searches (owners
+    per bucket, bytes per parameter) found nothing either: the reason alone speaks of the
+    unsharded state only."""
+    if not tried:
+        return note
+    train = sharded.train
+    fixed = f"{train.dtype_bytes} + {train.kept_grad_bytes_per_param}"
+    ways = ", ".join(
+        f"{k} owner{'s' * (k > 1)} per bucket ({fixed} + {train.optimizer_bytes_per_param / k:g}"
+        " B per parameter)"
+        for k in tried
+    )
+    return f"{note}; with the optimizer state over {ways} no plan fits either"
 
 
 def sharded_problem(problem: Problem) -> Problem:

@@ -112,7 +112,9 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
     data = read_mapping(p)
     if "model_type" in data:
         try:
-            fields = from_hf(data, data.get("_name_or_path") or p.parent.name or p.stem)
+            # A folder's config.json is named after the folder; any other file after itself.
+            named = p.parent.name if p.name == "config.json" else p.stem
+            fields = from_hf(data, data.get("_name_or_path") or named or p.stem)
         except SpecError as e:
             raise e.in_file(key) from None
         # A key absent from config.json maps to None: let validation call it missing.
