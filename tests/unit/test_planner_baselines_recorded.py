@@ -8,11 +8,10 @@ A faster baseline must keep finding plans at least as good while the cost model 
 a change of the cost model re-records them, saying why. The V100 compute transfer going from
 1.0 to 0.8 (issue 12, published V100 runs) re-recorded the two entries it moves, gen-16's
 layer-balanced (its V100-16GB node): gpt3-13b 3.272 -> 3.320 s, gpt3-1.3b 0.484 -> 0.415 s (it
-was 0.463 s at 1.0 on the base of that change). The schedule pass's loop split that keeps each
-device's layer count over its chunks (issue 13, `schedules._kept_counts_bounds`; better on
-most suite plans, edu-32 gpt3-1.3b 70% -> 76% of the limit) re-recorded gen-16 gpt3-1.3b's
-layer-balanced plan, interleaved-zb over 2 x 4 devices: 0.41493 -> 0.41536 s (+0.10%; each
-A100 now 6 + 5 layers, where the time-share split gave 6 + 6 and 6 + 4).
+was 0.463 s at 1.0 on the base of that change). The joint merge (4566e29: the schedule pass
+keeps each device's layer count over its chunks) re-recorded gen-16 gpt3-1.3b layer-balanced,
+0.41493 -> 0.41536 s: its interleaved-zb plan (two V100s of 1 + 1 layers each, two H100s) split
+the H100s' 22 layers 12/10 over their chunks (6 + 6, 6 + 4) at c588b4a, 11/11 (6 + 5, 6 + 5) now.
 """
 
 from __future__ import annotations

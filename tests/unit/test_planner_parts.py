@@ -223,15 +223,13 @@ def test_local_moves_trade_devices_of_two_types_between_pipelines():
 
 
 def test_default_search_is_within_a_percent_of_exact_on_three_mixed_shapes():
-    # The exact search (bench/search_quality.py, limits lifted; 30-40 s here) finds 2.64315 s
-    # (V100 transfer 0.8). At a V100 transfer of 1.0 it found 2.51362 s: 4 T4 + A100,
-    # 2 T4 + A100 + V100, T4 + 4 V100 + A100, and the decomposed search got within a percent
-    # only with second-best stage orders and trades in its local moves (it stopped at +1.7%
-    # without them), and, since the receive buffers re-split the T4 shapes, only with trades
-    # tried every round (+1.7% again when tried only where the other moves stop). At 0.8 the
-    # default was +2.65% (2.71325 s) until the schedule pass's loop split kept each device's
-    # layer count (merge of issue 13's pass changes): 2.42247 s since, below the exact
-    # one-chunk search, with interleaved pipelines.
+    # The exact search (bench/search_quality.py, limits lifted) finds 2.64315 s (V100 transfer
+    # 0.8); at 4566e29 the default finds 2.42247 s, below it: three pipelines of 1 A100 + 4 T4,
+    # 1 A100 + 3 T4 + 2 V100 and 1 A100 + 3 V100, all ZB-V after the schedule pass, which the
+    # exact search (exact in one-chunk compute time) does not rank first. At c588b4a, before
+    # the joint merge's schedule pass, the same shapes in 1F1B were 2.71325 s (+2.65%). At a
+    # V100 transfer of 1.0 the exact plan was 4 T4 + A100, 2 T4 + A100 + V100, T4 + 4 V100 +
+    # A100, reached only with second-best stage orders and trades every round in the local moves.
     groups = (("A100-80GB", 3, 1), ("V100-16GB", 5, 1), ("T4", 7, 1))
     got = plan(problem(cluster(*groups), "gpt3-2.7b", 64, seq=2048), "hpp")
     assert got.iteration_time_s <= 2.6431450801703034 * 1.01
