@@ -150,14 +150,7 @@ class ShardedStep:
         are), keyed by parameter, as an unsharded optimizer holds it; with `masters`, also each
         parameter's whole master (`WholeState.values`)."""
         key = _keys(masters)
-        out = WholeState()
-        for p in params:
-            if p in self.sharded:
-                continue
-            if key(p) in opt.state:
-                out.state[p] = opt.state[key(p)]
-            if masters is not None:
-                out.values[p] = masters.master[p]
+        out = whole_state(opt, (p for p in params if p not in self.sharded), masters)
         for s, group in self.shards:
             keys, scalars = _state_keys(opt, s, key)
             dtype = s.params[0].dtype if masters is None else masters.params[0].dtype
@@ -201,6 +194,23 @@ class ShardedStep:
             masters.load_state(opt, state, values)
         else:
             opt.state.update(state)
+
+
+def whole_state(
+    opt: torch.optim.Optimizer,
+    params: Iterable[torch.nn.Parameter],
+    masters: MasterWeights | None = None,
+) -> WholeState:
+    """The optimizer state of unsharded `params`, keyed by parameter (with `masters`: each
+    one's master's state, and the master itself in `WholeState.values`)."""
+    key = _keys(masters)
+    out = WholeState()
+    for p in params:
+        if key(p) in opt.state:
+            out.state[p] = opt.state[key(p)]
+        if masters is not None:
+            out.values[p] = masters.master[p]
+    return out
 
 
 def _keys(masters: MasterWeights | None) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -48,7 +48,7 @@ from hetpp.runtime.options import TrainOptions
 from hetpp.runtime.precision import LossScaler, Precision, has_nonfinite, scaled_loss
 from hetpp.runtime.recompute import recompute_blocks
 from hetpp.runtime.reference import VerifyReport, compare, stage_parameters, train_reference
-from hetpp.runtime.shard import ShardedStep, WholeState
+from hetpp.runtime.shard import ShardedStep, WholeState, whole_state
 from hetpp.runtime.stage import TimedStage
 from hetpp.runtime.tp import GatheredStage, full_state, parallelize_stage
 from hetpp.specs.cluster import emulate_slowdown
@@ -436,9 +436,7 @@ class RankTrainer:
         if self.shards is not None:
             state = self.shards.full_state(self.opt, self.model.parameters(), self.masters)
         elif self.masters is not None:  # keyed by parameter, the fp32 masters in their place
-            master = self.masters.master
-            opt_state = {p: self.opt.state[m] for p, m in master.items() if m in self.opt.state}
-            state = WholeState(opt_state, dict(master))
+            state = whole_state(self.opt, self.model.parameters(), self.masters)
         elif self.tp and writes:
             model = state = GatheredStage(self.model.stages[0], self.opt)
             writes = writes if self.role.tp_index == 0 else []
