@@ -74,7 +74,8 @@ def test_tp_memory_splits_block_states_and_part_of_the_activations():
     e1, e2 = (stage_memory(model, train, c, 0, 1, 1, 8) for c in (one, two))
     assert e1.weights == e2.weights
     parts = stage_memory_parts(model, train, two)
-    total = parts.fixed[1, 9] + 3 * parts.per_in_flight[1, 9] + 8 * parts.per_micro_batch[1, 9]
+    buffers = parts.per_activation_buffer[1, 9] + parts.per_gradient_buffer[1, 9]
+    total = parts.fixed[1, 9] + 3 * parts.per_in_flight[1, 9] + 8 * buffers
     assert total == pytest.approx(m2.total)
 
 
