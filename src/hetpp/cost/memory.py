@@ -11,7 +11,7 @@ import numpy as np
 
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import (
-    block_param_share,
+    rank_stored_params,
     replicated_params,
     stage_params,
     stepped_params,
@@ -149,7 +149,7 @@ class MemoryParts(NamedTuple):
 def stage_memory_parts(model: ModelSpec, train: TrainSpec, costs: LayerCosts) -> MemoryParts:
     """`stage_memory` for every layer range at once, for planners that try many splits."""
     num = len(model.layers)
-    stored = np.array([x.stored_params for x in model.layers]) * block_param_share(model, costs.tp)
+    stored = rank_stored_params(model, costs.tp)
     params = np.concatenate([[0], np.cumsum(stored)])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
