@@ -1,10 +1,13 @@
-"""Why Llama-3.1-70B does not fit two pipelines on examples/a100-v100.yaml at 2 + 2 + 12/2 B.
+"""How Llama-3.1-70B fits two pipelines on examples/a100-v100.yaml at 2 + 2 + 12/2 B.
 
     .venv/bin/python bench/zero1_70b_memory.py
 
 The cost model's memory of single stages (`cost.memory.stage_memory`) of a 16-stage 1F1B
 pipeline at micro-batch 1 with recomputation, sharded over 2 owners, half-precision parameters
-with fp32 masters in the optimizer; then, for a few device mixes and micro-batch counts, how
+with fp32 masters in the optimizer, the receive buffers charged as the runtime keeps them
+(`cost.memory.recv_buffer_counts`: the in-flight micro-batches' activations and one gradient;
+until branch recvbuf, one of each per micro-batch); then, for a few device mixes and
+micro-batch counts, how
 many of the model's layers a greedy packing covers (each stage takes layers while it fits, in
 the stage order given; greedy is optimal for coverage in a fixed order since a stage's memory
 grows with its range). A mix holds the model when it covers every layer.
@@ -35,11 +38,11 @@ def main() -> None:
     def memory(gpu: str, s: int, start: int, end: int, m: int):
         k = spec.in_flight(s, STAGES, m)
         costs = cm.layer_costs(gpus[gpu], 1, True)
-        return k, stage_memory(model, train, costs, start, end, k, m, SHARDS)
+        return k, stage_memory(model, train, costs, start, end, k, m, SHARDS, spec)
 
     print(f"{model.total_params / 1e9:.2f} B parameters, {layers} layers, 2 + 2 + 12/{SHARDS} B")
     print("| device | stage | blocks | states | in-flight | buffers | transient | total | GB |")
-    for gpu, s, blocks in ((V100, 15, 2), (V100, 15, 3), (A100, 8, 8), (A100, 0, 7)):
+    for gpu, s, blocks in ((V100, 15, 2), (V100, 15, 3), (V100, 9, 3), (A100, 4, 8), (A100, 0, 7)):
         k, mem = memory(gpu, s, 1, 1 + blocks, 32)
         states = mem.weights + mem.grads + mem.optimizer
         print(

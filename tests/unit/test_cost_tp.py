@@ -65,8 +65,10 @@ def test_tp_memory_splits_block_states_and_part_of_the_activations():
     cm = CostModel(model, train, _node())
     one, two = cm.layer_costs(A100, 1), cm.layer_costs(A100, 1, tp=2)
     m1, m2 = (stage_memory(model, train, c, 1, 9, 3, 8) for c in (one, two))
-    assert m2.weights == pytest.approx(m1.weights / 2) and m2.optimizer == m1.optimizer / 2
     h, f, s = 4096, 11008, 4096
+    norms = 8 * 2 * h  # 8 blocks x 2 RMSNorm weights, whole on every TP rank
+    assert m2.weights == (m1.weights / train.dtype_bytes + norms) / 2 * train.dtype_bytes
+    assert m2.optimizer == m1.optimizer / 2 + norms / 2 * train.optimizer_bytes_per_param
     whole, split = 8 * h, 6 * h + 4 * f  # norms' in/out and fp32 upcasts stay whole
     assert two.saved_bytes[1] == pytest.approx(s * 2 * (whole + split / 2))
     assert one.saved_bytes[1] == s * 2 * (whole + split)
@@ -74,7 +76,8 @@ def test_tp_memory_splits_block_states_and_part_of_the_activations():
     e1, e2 = (stage_memory(model, train, c, 0, 1, 1, 8) for c in (one, two))
     assert e1.weights == e2.weights
     parts = stage_memory_parts(model, train, two)
-    total = parts.fixed[1, 9] + 3 * parts.per_in_flight[1, 9] + 8 * parts.per_micro_batch[1, 9]
+    buffers = parts.per_activation_buffer[1, 9] + parts.per_gradient_buffer[1, 9]
+    total = parts.fixed[1, 9] + 3 * parts.per_in_flight[1, 9] + 8 * buffers
     assert total == pytest.approx(m2.total)
 
 
@@ -118,10 +121,13 @@ def test_tp_bucket_syncs_the_least_degrees_share_and_the_simulator_agrees():
     layers = cm.model.layers
     *blocks, tied = both.buckets  # the tied embedding/head copy stays whole on every rank
     assert tied.bytes == plain.buckets[-1].bytes
-    for b in blocks:  # each rank syncs half of every block; the embedding/head whole
+    for b in blocks:  # each rank syncs half of every block but its norms; the embedding/head whole
         ((lo, hi),) = b.blocks
         whole = sum(x.params for x in layers[lo:hi] if x.kind != "block")
-        half = sum(x.params for x in layers[lo:hi] if x.kind == "block") / 2
+        whole += sum(x.params_whole_under_tp for x in layers[lo:hi])
+        half = (
+            sum(x.params - x.params_whole_under_tp for x in layers[lo:hi] if x.kind == "block") / 2
+        )
         assert b.bytes == pytest.approx((whole + half) * plan.train.grad_bytes_per_param)
     assert step.stages[0].memory.weights < 0.6 * plain.stages[0].memory.weights
     assert step.stages[0].fwd_s < plain.stages[0].fwd_s

@@ -12,6 +12,11 @@ was 0.463 s at 1.0 on the base of that change). The joint merge (4566e29: the sc
 keeps each device's layer count over its chunks) re-recorded gen-16 gpt3-1.3b layer-balanced,
 0.41493 -> 0.41536 s: its interleaved-zb plan (two V100s of 1 + 1 layers each, two H100s) split
 the H100s' 22 layers 12/10 over their chunks (6 + 6, 6 + 4) at c588b4a, 11/11 (6 + 5, 6 + 5) now.
+Charging a 1F1B stage its live receive buffers only (branch recvbuf: in-flight activations and
+one gradient, not one of each per micro-batch) re-recorded lab-64 gpt3-13b uniform,
+7.50259 -> 8.59540 s: shallower pipelines now fit, uniform tries only the few shallowest
+depths that do (`DEPTHS`), and its estimate picks 4 x 12 stages at micro-batch 1 where it had
+2 x 26 at micro-batch 2 (a baseline's own search, not a cost-model error).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ RECORDED = {
     "lab-64 gpt3-1.3b uniform": 1.142819694035662,
     "lab-64 gpt3-1.3b layer-balanced": 0.8662810901302312,
     "lab-64 gpt3-1.3b data-balanced": 1.1089117348519757,
-    "lab-64 gpt3-13b uniform": 7.502587171305768,
+    "lab-64 gpt3-13b uniform": 8.595396762254783,
     "lab-64 gpt3-13b layer-balanced": 6.648145467030393,
     "lab-64 gpt3-13b data-balanced": 8.998786947132023,
 }

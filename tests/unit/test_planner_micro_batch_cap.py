@@ -1,5 +1,7 @@
-"""The micro-batch cap: torch's receive buffers grow with the micro-batches per step under every
-schedule, so the planner bounds each pipeline's m by memory, for every registry entry."""
+"""The micro-batch cap: where a stage's memory grows with the micro-batches per step (GPipe's
+in-flight activations; the multi-stage schedules' receive buffers, charged one per micro-batch),
+the planner bounds each pipeline's m by memory; under 1F1B only the in-flight micro-batches hold
+activations and receive buffers, so nothing past them caps m."""
 
 from __future__ import annotations
 
@@ -36,17 +38,17 @@ def _two_pipelines(schedule: str, batch: int):
 
 
 def test_a_split_over_memory_is_rebalanced_within_the_cap():
-    p, pipes = _two_pipelines("1f1b", 1536)
+    p, pipes = _two_pipelines("gpipe", 8)
     groups = [pipe_group(p, False, 1, q) for q in pipes]
-    uncapped = allocate([dataclasses.replace(g, hi=UNBOUNDED) for g in groups], 1536)[1]
+    uncapped = allocate([dataclasses.replace(g, hi=UNBOUNDED) for g in groups], 8)[1]
     over = build_plan(p, False, 1, pipes, "test", micro_batches=[m[0] for m in uncapped])
-    # Without the cap the fast pipeline's 40 GB stages take more receive buffers than fit.
+    # Without the cap the fast pipeline's 40 GB stages hold more micro-batches than fit.
     assert not evaluate(p, over).fits
     assert uncapped[0][0] > groups[0].hi
     got = build_plan(p, False, 1, pipes, "test")
     assert got.pipelines[0].num_micro_batches <= groups[0].hi
     assert evaluate(p, got).fits
-    assert sum(q.num_micro_batches for q in got.pipelines) == 1536
+    assert sum(q.num_micro_batches for q in got.pipelines) == 8
     # The search finds a plan and it fits.
     result = plan(p, "hpp")
     assert result.feasible and result.step.fits
@@ -54,8 +56,18 @@ def test_a_split_over_memory_is_rebalanced_within_the_cap():
 
 # The schedules pipelines are shaped under (multi-chunk ones are tried per pipeline afterwards,
 # `planner.schedules`, and keep only plans that fit: `evaluate`).
-@pytest.mark.parametrize("schedule", [n for n, s in SCHEDULES.items() if s.placement == "one"])
-def test_every_schedule_is_capped_and_every_plan_fits(schedule):
+def test_1f1b_is_not_capped_past_its_in_flight_micro_batches():
+    p, pipes = _two_pipelines("1f1b", 1536)
+    assert pipe_group(p, False, 1, pipes[0]).hi == UNBOUNDED
+    result = plan(p, "hpp")
+    assert result.feasible and result.step.fits
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [n for n, s in SCHEDULES.items() if s.placement == "one" and not s.bounded_in_flight],
+)
+def test_every_growing_schedule_is_capped_and_every_plan_fits(schedule):
     p, pipes = _two_pipelines(schedule, 1536)
     cap = pipe_group(p, False, 1, pipes[0]).hi
     assert cap < p.micro_batches(1)

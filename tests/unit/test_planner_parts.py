@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_cases import cluster, problem
 
-from hetpp.cost.memory import stage_memory, stage_memory_parts
+from hetpp.cost.memory import recv_buffer_counts, stage_memory, stage_memory_parts
 from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.planner import plan
 from hetpp.planner.assemble import layout_key
@@ -24,6 +24,7 @@ from hetpp.planner.placement import _Free, place
 from hetpp.planner.refine import _neighbours, estimate, refine
 from hetpp.planner.shapes import ShapeContext
 from hetpp.specs import CATALOG
+from hetpp.specs.schedule import SCHEDULES
 
 
 def test_stage_memory_parts_match_stage_memory_for_every_range():
@@ -33,9 +34,11 @@ def test_stage_memory_parts_match_stage_memory_for_every_range():
         costs = cm.layer_costs(CATALOG["a100-80gb"], 2)
         parts = stage_memory_parts(cm.model, cm.train, costs)
         for a, b in itertools.combinations(range(cm.model.layer_list_len + 1), 2):
-            for k, m in ((1, 1), (3, 5)):
-                want = stage_memory(cm.model, cm.train, costs, a, b, k, m).total
-                got = parts.fixed + k * parts.per_in_flight + m * parts.per_micro_batch
+            for (k, m), spec in itertools.product(((1, 1), (3, 5)), (None, SCHEDULES["1f1b"])):
+                want = stage_memory(cm.model, cm.train, costs, a, b, k, m, schedule=spec).total
+                acts, grads = recv_buffer_counts(spec, k, m)
+                got = parts.fixed + k * parts.per_in_flight + acts * parts.per_activation_buffer
+                got = got + grads * parts.per_gradient_buffer
                 assert got[a, b] == pytest.approx(want, rel=1e-12)
 
 
@@ -43,7 +46,7 @@ def test_balance_stages_splits_identical_blocks_evenly_and_respects_memory():
     p = problem(cluster(("A100-80GB", 4, 1)), "gpt3-1.3b", 8)
     ctx = ShapeContext(p, False, 1)
     tables = [ctx.tables("a100-80gb")] * 2
-    bounds = balance_stages(tables, [(1, 1)] * 2)
+    bounds = balance_stages(tables, [(1, 1, 1)] * 2)
     assert bounds[0] == 0 and bounds[-1] == 26
     # The head costs about two blocks, so the second stage takes fewer blocks.
     t = tables[0].time
@@ -51,15 +54,15 @@ def test_balance_stages_splits_identical_blocks_evenly_and_respects_memory():
         min(max(t[0, c], t[c, 26]) for c in range(1, 26))
     )
     # A forced cut is honoured.
-    assert 5 in balance_stages(tables, [(1, 1)] * 3, forced=(5,))
+    assert 5 in balance_stages(tables, [(1, 1, 1)] * 3, forced=(5,))
     # More stages than layers, or memory too small: no split.
-    assert balance_stages([tables[0]] * 27, [(1, 1)] * 27) is None
+    assert balance_stages([tables[0]] * 27, [(1, 1, 1)] * 27) is None
 
 
 def test_balance_stages_returns_none_when_memory_is_too_small():
     p = problem(cluster(("T4", 4, 1)), "gpt3-1.3b", 8, seq=2048)
     ctx = ShapeContext(p, False, 1)
-    assert balance_stages([ctx.tables("t4")], [(1, 1)]) is None  # 21 GB of state on a 16 GB card
+    assert balance_stages([ctx.tables("t4")], [(1, 1, 1)]) is None  # 21 GB of state on a 16 GB card
     assert ctx.homogeneous("t4", 2) is None  # the first stage holds two micro-batches too
     assert ctx.homogeneous("t4", 3) is not None
 
@@ -274,9 +277,14 @@ def test_default_search_is_within_a_percent_of_exact_on_few_of_one_type_next_to_
     # The exact search (bench/search_quality.py) finds 3.19548 s: two 3 A100-40GB + 8 H100 next
     # to 10 A100-40GB. The walk over (shape, copies) options by their bound never reached that
     # option (201st of 240); the count DP over shapes with a few of either type does.
+    # Re-recorded when 1F1B stages were charged their live receive buffers only (branch
+    # recvbuf): the exact search (search.EXACT_STATES = EXACT_TEMPLATES = 10**9) on this problem
+    # then finds 3.24583 s (10 + 11 + 11 stages), as the default search does; the earlier
+    # 8 x 8-stage ZBV plan (3.21609 s) still costs that, but the search sizes shapes under
+    # 1F1B, whose stages now take more layers, and the schedule pass starts from those.
     groups = (("H100-80GB", 8, 2), ("A100-40GB", 8, 2))
     got = plan(problem(cluster(*groups), "llama3-8b", 256, seq=2048), "hpp")
-    assert got.iteration_time_s <= 3.1954818204368958 * 1.01
+    assert got.iteration_time_s <= 3.2458310970499205 * 1.01
 
 
 def test_default_search_is_within_a_percent_of_exact_on_five_different_mixed_shapes():

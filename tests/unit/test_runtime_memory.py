@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from hetpp.runtime.memory import SavedTensorMeter, parameter_storages
+from hetpp.runtime.recv_buffers import LiveBuffers
 
 
 def test_autocast_weight_copies_count_once_and_only_during_the_region():
@@ -26,7 +29,7 @@ def test_autocast_weight_copies_count_once_and_only_during_the_region():
     assert meter.peak == copies + 4 * 64 * 2
 
 
-def test_a_tracked_tensor_counts_while_it_lives_and_a_forgotten_one_not_at_all():
+def test_a_tracked_tensor_counts_while_it_lives_and_a_live_receive_buffer_not_at_all():
     meter = SavedTensorMeter(set())
     a, b = torch.zeros(100), torch.zeros(50)
     meter.track(a)
@@ -34,8 +37,10 @@ def test_a_tracked_tensor_counts_while_it_lives_and_a_forgotten_one_not_at_all()
     assert meter.now == 600
     del a
     assert meter.now == 200
-    meter.forget({b.untyped_storage().data_ptr()})
-    assert meter.now == 0
-    meter.track(b)  # excluded from now on
+    info = SimpleNamespace(is_root_arg=False, buffer=torch.zeros(25))
+    meter.buffers = LiveBuffers()
+    meter.buffers.adopt([(info,)])
+    meter.buffers.restore((info,))
+    meter.track(info.buffer)  # counted as a buffer, not here
     del b
     assert (meter.now, meter.peak) == (0, 600)

@@ -11,13 +11,14 @@ import numpy as np
 
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import (
-    block_param_share,
+    rank_stored_params,
     replicated_params,
     stage_params,
     stepped_params,
     tied_copy_params,
 )
 from hetpp.specs.model import ModelSpec
+from hetpp.specs.schedule import ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 
@@ -32,9 +33,9 @@ class StageMemory(NamedTuple):
     activations and the stage's output (torch's stage keeps it), less each one's input, which is
     a receive buffer (`recv_buffers`)."""
     recv_buffers: float
-    """torch's `PipelineStage` receive buffers: for every micro-batch of the step, in flight or
-    not, one for its input activation (not on the first stage) and one for its output gradient
-    (not on the last), allocated at the first step and kept."""
+    """torch's `PipelineStage` receive buffers at the stage's peak (`recv_buffer_counts`): one
+    for the input activation of each micro-batch whose buffer is live (not on the first stage)
+    and one for each live output gradient (not on the last)."""
     transient: float
     """What lasts one backward: a recomputed layer's full activations, and the input gradients
     sent back (the one in transit and the next one, not on the first stage)."""
@@ -81,6 +82,23 @@ def devices_to_hold(nbytes: float, capacity_bytes: float, train: TrainSpec) -> i
     return max(1, math.ceil(nbytes / usable))
 
 
+def recv_buffer_counts(
+    schedule: ScheduleSpec | None, num_in_flight: int, num_micro_batches: int
+) -> tuple[int, int]:
+    """(activation, gradient) receive buffers a stage holds at its peak. The runtime gives each
+    of torch's buffers memory from its receive until its last reader is done
+    (`hetpp.runtime.recv_buffers`): an activation until the micro-batch's backward (a split
+    one's W), a gradient until the backward that reads it. Under a single-stage schedule (1F1B,
+    GPipe) torch posts each receive just before the compute that reads it, so the live
+    activations are the in-flight micro-batches and one gradient is live at a time. Under the
+    multi-stage runtime torch's lowering posts receives ahead of their compute (measured: more
+    than in flight); that count is not derived here, so those schedules (and `schedule` None)
+    are charged one buffer per micro-batch and direction, a bound."""
+    if schedule is not None and schedule.placement == "one":
+        return num_in_flight, min(1, num_micro_batches)
+    return num_micro_batches, num_micro_batches
+
+
 def stage_memory(
     model: ModelSpec,
     train: TrainSpec,
@@ -90,19 +108,23 @@ def stage_memory(
     num_in_flight: int,
     num_micro_batches: int,
     shards: int = 1,
+    schedule: ScheduleSpec | None = None,
 ) -> StageMemory:
-    """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step,
-    `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer state sharded
-    `shards` ways (`optimizer_bytes`)."""
+    """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step
+    under `schedule`, `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer
+    state sharded `shards` ways (`optimizer_bytes`). The input a stage's first layer saves for
+    backward is its activation receive buffer: `activations` leaves it out, `recv_buffers`
+    counts it (one per live buffer, `recv_buffer_counts`)."""
     n = stage_params(model, start, end, costs.tp)
     inp, out = _boundary_at(costs, start, end)
     held = costs.saved(start, end) + out - inp
+    acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches)
     return StageMemory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
         optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
         activations=num_in_flight * held,
-        recv_buffers=num_micro_batches * (inp + out),
+        recv_buffers=acts * inp + grads * out,
         transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
         reserve=train.reserve_bytes,
     )
@@ -110,21 +132,24 @@ def stage_memory(
 
 class MemoryParts(NamedTuple):
     """`stage_memory` of every layer range, as (L+1) x (L+1) arrays indexed `[start, end]`:
-    `total = fixed + in_flight * per_in_flight + micro_batches * per_micro_batch` for
-    `start < end` (entries with `start >= end` are meaningless)."""
+    `total = fixed + in_flight * per_in_flight + activation_buffers * per_activation_buffer +
+    gradient_buffers * per_gradient_buffer` for `start < end` (entries with `start >= end` are
+    meaningless; the buffer counts from `recv_buffer_counts`)."""
 
     fixed: np.ndarray
     """Model states, transients and the reserve."""
     per_in_flight: np.ndarray
     """What each in-flight micro-batch holds (`StageMemory.activations` of one)."""
-    per_micro_batch: np.ndarray
-    """What each micro-batch of the step adds, in flight or not (the receive buffers)."""
+    per_activation_buffer: np.ndarray
+    """One activation receive buffer (the stage's input; a broadcast view)."""
+    per_gradient_buffer: np.ndarray
+    """One gradient receive buffer (the stage's output; a broadcast view)."""
 
 
 def stage_memory_parts(model: ModelSpec, train: TrainSpec, costs: LayerCosts) -> MemoryParts:
     """`stage_memory` for every layer range at once, for planners that try many splits."""
     num = len(model.layers)
-    stored = np.array([x.stored_params for x in model.layers]) * block_param_share(model, costs.tp)
+    stored = rank_stored_params(model, costs.tp)
     params = np.concatenate([[0], np.cumsum(stored)])
     n = params[None, :] - params[:, None]
     n[0, num] -= tied_copy_params(model)  # one tensor serves tied embedding and head
@@ -135,16 +160,18 @@ def stage_memory_parts(model: ModelSpec, train: TrainSpec, costs: LayerCosts) ->
     state[0, 1:] -= [
         _uncopied_params(model, train, 0, b) * train.dtype_bytes for b in range(1, num + 1)
     ]
+    shape = (num + 1, num + 1)
     return MemoryParts(
         fixed=state + transient + train.reserve_bytes,
         per_in_flight=saved + out[None, :] - inp[:, None],
-        per_micro_batch=inp[:, None] + out[None, :],
+        per_activation_buffer=np.broadcast_to(inp[:, None], shape),
+        per_gradient_buffer=np.broadcast_to(out[None, :], shape),
     )
 
 
 def most_micro_batches(memory: Callable[[int], float], capacity: float, limit: int) -> int:
     """Most micro-batches per step, at most `limit`, for which a stage's `memory(m)` (bytes;
-    non-decreasing in m: receive buffers grow with m, in-flight activations never shrink) fits
+    non-decreasing in m: in-flight activations and live receive buffers never shrink) fits
     `capacity`; 0 if not even one does. Checks `limit` first: most stages are not bound."""
     if memory(limit) <= capacity:
         return limit

@@ -6,8 +6,8 @@ weight, but its gradient is summed through its own bucket (the block buckets car
 and a stage holding both ends of the model keeps one tensor for both.
 
 Tensor parallelism over k devices splits each transformer block's parameters k ways (column and
-row shards; the few norm weights and row-parallel biases, which every rank keeps whole, are
-counted as split: under 0.1% of a block). The embedding and the head stay whole on every rank of
+row shards), but for its norm weights and row-parallel biases, which every rank keeps whole
+(`LayerSpec.params_whole_under_tp`). The embedding and the head stay whole on every rank of
 the group, so `tp` divides the block parameters only."""
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from hetpp.specs.model import ModelSpec
+from hetpp.specs.model import LayerSpec, ModelSpec
+
+
+def _tp_split(layer: LayerSpec) -> int:
+    """Parameters of `layer` that TP splits over its ranks (a block's but the whole ones)."""
+    return layer.params - layer.params_whole_under_tp if layer.kind == "block" else 0
 
 
 def tied_copy_params(model: ModelSpec) -> int:
@@ -26,13 +31,13 @@ def tied_copy_params(model: ModelSpec) -> int:
 
 
 @lru_cache(maxsize=256)
-def block_param_share(model: ModelSpec, tp: int) -> np.ndarray:
-    """Per layer, the share of its parameters one rank of a TP group of `tp` devices holds
-    (1/tp for blocks, 1 for the embedding and the head). Memoized (read-only array): the full
-    cost asks for it once per stage."""
-    share = np.array([1.0 / tp if x.kind == "block" else 1.0 for x in model.layers])
-    share.flags.writeable = False
-    return share
+def rank_stored_params(model: ModelSpec, tp: int) -> np.ndarray:
+    """Per layer, the parameters one rank of a TP group of `tp` devices stores (a block's split
+    ones 1/tp, its whole ones all; the embedding and the head all). Memoized (read-only
+    array): the full cost asks for it once per stage."""
+    out = np.array([x.stored_params - _tp_split(x) * (1 - 1 / tp) for x in model.layers])
+    out.flags.writeable = False
+    return out
 
 
 @lru_cache(maxsize=65536)
@@ -40,8 +45,7 @@ def stage_params(model: ModelSpec, start: int, end: int, tp: int = 1) -> float:
     """Parameters stored by one device of a stage holding layers [start, end) over `tp`
     tensor-parallel devices. Memoized: the full cost of a large plan asks for the same few
     ranges for thousands of stages."""
-    share = block_param_share(model, tp)
-    total = sum(x.stored_params * float(share[x.index]) for x in model.layers[start:end])
+    total = float(rank_stored_params(model, tp)[start:end].sum())
     if start == 0 and end == len(model.layers):
         total -= tied_copy_params(model)
     return total
@@ -77,13 +81,13 @@ class ParamSums:
         return np.concatenate([[0], np.cumsum([x.params for x in self.model.layers])])
 
     @cached_property
-    def _block_cum(self) -> np.ndarray:
-        blocks = [x.params if x.kind == "block" else 0 for x in self.model.layers]
-        return np.concatenate([[0], np.cumsum(blocks)])
+    def _split_cum(self) -> np.ndarray:
+        """Prefix sums of the parameters TP splits (`_tp_split`)."""
+        return np.concatenate([[0], np.cumsum([_tp_split(x) for x in self.model.layers])])
 
     def _split_off(self, a: int, b: int, tp: int) -> float:
         """Block parameters of [a, b) a TP rank does not hold (tp - 1 of every tp)."""
-        return float(self._block_cum[b] - self._block_cum[a]) * (1 - 1 / tp)
+        return float(self._split_cum[b] - self._split_cum[a]) * (1 - 1 / tp)
 
     def stored(self, a: int, b: int, tp: int = 1) -> float:
         """Parameters one device of a stage holding [a, b) over `tp` devices stores (what its

@@ -113,7 +113,8 @@ def _micro_batch_cap(problem, recompute, mbs, pipe: Pipe, costs) -> int:
     for s, (c, d, (a, b)) in enumerate(zip(costs, pipe.devices, itertools.pairwise(pipe.bounds))):
 
         def mem(m: int, s=s, c=c, a=a, b=b) -> float:
-            return stage_memory(cm.model, cm.train, c, a, b, spec.in_flight(s, num, m), m).total
+            k = spec.in_flight(s, num, m)
+            return stage_memory(cm.model, cm.train, c, a, b, k, m, schedule=spec).total
 
         cap = min(cap, most_micro_batches(mem, problem.cluster.gpu(d).memory_bytes, limit))
     return UNBOUNDED if cap >= limit else cap

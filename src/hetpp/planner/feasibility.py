@@ -27,7 +27,7 @@ def explain_infeasible(problem: Problem, note: str = "") -> str:
     setting = f"micro-batch size {mbs}" + (", with recomputation" if recompute else "")
     tables = stage_tables(cm, cm.layer_costs(biggest.gpu, mbs, tp=biggest.tp))
     need = [
-        (tables.memory(i, i + 1, (1, 1)), layer.kind) for i, layer in enumerate(cm.model.layers)
+        (tables.memory(i, i + 1, (1, 1, 1)), layer.kind) for i, layer in enumerate(cm.model.layers)
     ]
     worst, kind = max(need)
     if worst > biggest.gpu.memory_bytes:

@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetpp.cost.compute import CostModel, LayerCosts
-from hetpp.cost.memory import most_micro_batches, stage_memory_parts
+from hetpp.cost.memory import most_micro_batches, recv_buffer_counts, stage_memory_parts
 from hetpp.specs.schedule import ScheduleSpec
 
 # Planner-side slack on memory so that float rounding never makes a split the planner accepts
 # fail the cost model's own check (1 MB, far below any real headroom).
 MEMORY_SLACK_BYTES = 1e6
 
-Load = tuple[int, int]
-"""What a stage runs per step: (micro-batches in flight at once, micro-batches in the step)."""
+Load = tuple[int, int, int]
+"""What a stage holds at its peak: (micro-batches in flight, live activation receive buffers,
+live gradient receive buffers), `stage_load`."""
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,10 @@ class StageTables:
     """Bytes a stage holding [a, b) needs regardless of in-flight micro-batches."""
     mem_per_in_flight: np.ndarray
     """Bytes each in-flight micro-batch adds."""
-    mem_per_step_micro_batch: np.ndarray
-    """Bytes each micro-batch of the step adds, in flight or not (torch's receive buffers)."""
+    mem_per_activation_buffer: np.ndarray
+    """Bytes of one live activation receive buffer."""
+    mem_per_gradient_buffer: np.ndarray
+    """Bytes of one live gradient receive buffer."""
     capacity: float
     """Usable device memory, bytes (with the planner slack taken off)."""
     _masked: dict[Load, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
@@ -48,18 +51,20 @@ class StageTables:
 
     def memory(self, start: int, end: int, load: Load) -> float:
         """Bytes a stage holding [start, end) needs under `load`."""
-        in_flight, micro_batches = load
+        in_flight, acts, grads = load
         return float(
             self.mem_fixed[start, end]
             + in_flight * self.mem_per_in_flight[start, end]
-            + micro_batches * self.mem_per_step_micro_batch[start, end]
+            + acts * self.mem_per_activation_buffer[start, end]
+            + grads * self.mem_per_gradient_buffer[start, end]
         )
 
     def fits(self, load: Load) -> np.ndarray:
         """Boolean `[a, b]` mask: layers [a, b) fit under `load` (a < b only)."""
-        in_flight, micro_batches = load
+        in_flight, acts, grads = load
         mem = self.mem_fixed + in_flight * self.mem_per_in_flight
-        ok = mem + micro_batches * self.mem_per_step_micro_batch <= self.capacity
+        mem = mem + acts * self.mem_per_activation_buffer + grads * self.mem_per_gradient_buffer
+        ok = mem <= self.capacity
         return np.triu(ok, 1)
 
     def masked_time(self, load: Load) -> np.ndarray:
@@ -78,7 +83,8 @@ def stage_tables(cm: CostModel, costs: LayerCosts) -> StageTables:
         time=total[None, :] - total[:, None],
         mem_fixed=parts.fixed,
         mem_per_in_flight=parts.per_in_flight,
-        mem_per_step_micro_batch=parts.per_micro_batch,
+        mem_per_activation_buffer=parts.per_activation_buffer,
+        mem_per_gradient_buffer=parts.per_gradient_buffer,
         capacity=costs.gpu.memory_bytes - MEMORY_SLACK_BYTES,
     )
 
@@ -88,7 +94,13 @@ def in_flight_per_stage(schedule: ScheduleSpec, num_stages: int) -> list[Load]:
     those (more micro-batches only add memory: receive buffers, and for GPipe activations), and
     the micro-batch cap (`max_micro_batches`) bounds m afterwards."""
     m = schedule.min_micro_batches(num_stages)
-    return [(schedule.in_flight(s, num_stages, m), m) for s in range(num_stages)]
+    return [stage_load(schedule, s, num_stages, m) for s in range(num_stages)]
+
+
+def stage_load(schedule: ScheduleSpec, stage: int, num_stages: int, m: int) -> Load:
+    """Stage `stage`'s `Load` at `m` micro-batches per step."""
+    k = schedule.in_flight(stage, num_stages, m)
+    return (k, *recv_buffer_counts(schedule, k, m))
 
 
 def max_micro_batches(
@@ -100,7 +112,7 @@ def max_micro_batches(
 
     def stage_cap(s: int, t: StageTables, a: int, b: int) -> int:
         def mem(m: int) -> float:
-            return t.memory(a, b, (schedule.in_flight(s, num, m), m))
+            return t.memory(a, b, stage_load(schedule, s, num, m))
 
         return most_micro_batches(mem, t.capacity, limit)
 

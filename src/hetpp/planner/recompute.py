@@ -31,8 +31,10 @@ def drop_unneeded_recompute(problem: Problem, plan: Plan) -> Plan:
             gpu = cluster.gpu(st.device)
             costs = stage_layer_costs(cm, st, pipe.micro_batch_size, recompute=False)
             m = pipe.num_micro_batches
-            k = pipe.schedule_in(plan.train).in_flight(s, len(pipe.stages), m)
-            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, m, plan.optimizer_shards)
+            spec = pipe.schedule_in(plan.train)
+            k = spec.in_flight(s, len(pipe.stages), m)
+            shards = plan.optimizer_shards
+            mem = stage_memory(cm.model, cm.train, costs, *st.layers, k, m, shards, spec)
             fits = mem.total <= gpu.memory_bytes
             stages.append(st.model_copy(update={"recompute": False}) if fits else st)
         pipelines.append(pipe.model_copy(update={"stages": tuple(stages)}))

@@ -11,9 +11,10 @@ On CPU there is no allocator to ask, so what is held is counted as it is held:
   until the step's autocast region exits; a dispatch mode sees each cast of a parameter and
   counts the copy while it lives (a copy that is also saved for backward counts once, here).
 - Receive buffers: `PipelineStage` allocates one activation buffer (non-first stage) and one
-  gradient buffer (non-last stage) per micro-batch of the step, once, and keeps them; they are
-  read from the stage object (`args_recv_info`, `grad_recv_info`) and counted apart from the
-  activations (a buffer also saved by the first layer counts once, as a buffer).
+  gradient buffer (non-last stage) per micro-batch of the step; hetpp's stage gives each memory
+  only while it is live (`hetpp.runtime.recv_buffers`) and counts the live bytes; their peak is
+  the figure, apart from the activations (a buffer also saved by the first layer counts once, as
+  a buffer).
 On CUDA, `torch.cuda.max_memory_allocated` is the figure (everything the caching allocator handed
 out, workspaces and transients included); the buffers are still read from the stage.
 """
@@ -25,9 +26,10 @@ import weakref
 from typing import Any
 
 import torch
-from torch.distributed.pipelining import PipelineStage
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hetpp.runtime.recv_buffers import LiveBuffers
+from hetpp.runtime.stage import TimedStage
 from hetpp.runtime.tp import local_tensor
 
 
@@ -36,7 +38,10 @@ class SavedTensorMeter:
 
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
-        """Storage pointers not to count (the parameters', and later the receive buffers')."""
+        """Storage pointers not to count (the parameters')."""
+        self.buffers: LiveBuffers | None = None
+        """The stage's receive buffers, counted as buffers: their live storages are not counted
+        here (set from the second step on, `MemoryProbe.reset`)."""
         self.live: dict[int, list[int]] = {}
         """Storage pointer -> [handles alive, bytes]."""
         self.now = 0
@@ -58,7 +63,7 @@ class SavedTensorMeter:
         stage keeps until the micro-batch's backward; with `copy`, a weight copy)."""
         storage = _storage(tensor)
         key, nbytes = storage.data_ptr(), storage.nbytes()
-        if key in self.exclude or nbytes == 0:
+        if self.excluded(key) or nbytes == 0:
             return
         self._add(key, nbytes)
         if copy:
@@ -66,11 +71,9 @@ class SavedTensorMeter:
             self.copies_peak = max(self.copies_peak, self.copies_now)
         weakref.finalize(tensor, self._freed, key, nbytes, copy).atexit = False
 
-    def forget(self, keys: set[int]) -> None:
-        """Stop counting these storages, now and from now on (the receive buffers)."""
-        self.exclude |= keys
-        for key in keys & set(self.live):
-            self.now -= self.live.pop(key)[1]
+    def excluded(self, key: int) -> bool:
+        """Whether the storage at `key` is a parameter's or a live receive buffer's."""
+        return key in self.exclude or (self.buffers is not None and key in self.buffers.storages())
 
     def _freed(self, key: int, nbytes: int, copy: bool) -> None:
         if copy:
@@ -114,7 +117,7 @@ class _Handle:
     def __init__(self, meter: SavedTensorMeter, t: torch.Tensor):
         storage = _storage(t)
         self.meter, self.key = meter, storage.data_ptr()
-        if self.key in meter.exclude or storage.nbytes() == 0:
+        if meter.excluded(self.key) or storage.nbytes() == 0:
             self.meter = None
             return
         meter._add(self.key, storage.nbytes())
@@ -158,19 +161,6 @@ def parameter_storages(module: torch.nn.Module) -> set[int]:
     return {_storage(p).data_ptr() for p in module.parameters()}
 
 
-def recv_buffer_storages(stage: PipelineStage) -> dict[int, int]:
-    """Storage pointer -> bytes of the receive buffers `stage` keeps: per micro-batch, its input
-    activations (`args_recv_info`, non-first stage) and its output gradients (`grad_recv_info`,
-    non-last stage), allocated at the first step for the schedule's micro-batch count."""
-    infos = [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]
-    out = {}
-    for info in (i for chunk in infos for i in chunk):
-        if not info.is_root_arg and info.buffer is not None:
-            s = info.buffer.untyped_storage()
-            out[s.data_ptr()] = s.nbytes()
-    return out
-
-
 class MemoryProbe:
     """One rank's `--memory-report` measurement over a run."""
 
@@ -188,11 +178,12 @@ class MemoryProbe:
         # PipelineStage keeps the output (fwd_cache) until this micro-batch's backward.
         self.meter.track(out)
 
-    def reset(self, pstage: PipelineStage) -> None:
-        """Forget the peak so far (the first step's one-off set-up, which also allocated the
-        receive buffers: from now on they count as buffers, not as saved activations)."""
+    def reset(self, pstage: TimedStage) -> None:
+        """Forget the peak so far (the first step's one-off set-up; from now on the receive
+        buffers count as buffers, not as saved activations)."""
+        pstage.recv_buffers.reset_peak()
         if self.meter is not None:
-            self.meter.forget(set(recv_buffer_storages(pstage)))
+            self.meter.buffers = pstage.recv_buffers
             self.meter.peak = self.meter.now
             self.meter.copies_peak = self.meter.copies_now
         else:
@@ -202,11 +193,11 @@ class MemoryProbe:
         """Around each step's schedule (forward and backward of every micro-batch)."""
         return self.meter.region() if self.meter is not None else contextlib.nullcontext()
 
-    def record(self, rank: int, device_id: int, pstage: PipelineStage,
+    def record(self, rank: int, device_id: int, pstage: TimedStage,
                opt: torch.optim.Optimizer) -> dict[str, Any]:  # fmt: skip
         """The rank's `{"kind": "memory", ...}` record (measured fields)."""
         states = state_bytes(pstage.submod, opt)
-        buffers = sum(recv_buffer_storages(pstage).values())
+        buffers = pstage.recv_buffers.peak_bytes
         copies = 0
         if self.cuda:
             total = torch.cuda.max_memory_allocated(self.device)

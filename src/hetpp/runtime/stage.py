@@ -16,6 +16,10 @@ Sleeping (not spinning) leaves the CPU to the other ranks of the box. It is a te
 harness, not a model of a GPU. On CUDA without emulation, each call is timed with CUDA events on
 the compute stream instead, read once per step: no `synchronize` after every call, which would
 also wait for the P2P streams and stop communication from overlapping compute.
+
+The stage also gives torch's receive buffers memory only while they are live
+(`hetpp.runtime.recv_buffers`): torch allocates one per micro-batch and direction and keeps them
+all; here each holds its bytes from its receive until its last reader is done.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.distributed.pipelining import PipelineStage
+
+from hetpp.runtime.recv_buffers import LiveBuffers
 
 
 class TimedStage(PipelineStage):
@@ -51,6 +57,8 @@ class TimedStage(PipelineStage):
         """Seconds of (stretched) forward and backward compute since the last reset (CPU)."""
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         """CUDA: (start, end) events of each timed call since the last reset."""
+        self.recv_buffers = LiveBuffers()
+        """torch's receive buffers of this stage, holding memory only while live."""
 
     def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.device.type == "cuda" and self.slowdown == 1.0:
@@ -90,14 +98,56 @@ class TimedStage(PipelineStage):
         self.compute_s, self.events = 0.0, []
         return total
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        out = self._timed(super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
+        if not (self.has_backward and torch.is_grad_enabled()):  # no backward reads the input
+            self.recv_buffers.release(self.args_recv_info.get(fwd_chunk_id, ()))
+        return out
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._last_backward(super().backward_one_chunk, *args, **kwargs)
+    def backward_one_chunk(
+        self,
+        bwd_chunk_id: int,
+        loss: Any = None,
+        full_backward: bool = True,
+        last_backward: bool = False,
+    ) -> Any:
+        out = self._last_backward(
+            super().backward_one_chunk,
+            bwd_chunk_id,
+            loss=loss,
+            full_backward=full_backward,
+            last_backward=last_backward,
+        )
+        if self.has_backward and full_backward:  # else the weight-grad action still reads them
+            self._release(bwd_chunk_id)
+        return out
 
-    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._last_backward(super().backward_weight_one_chunk, *args, **kwargs)
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        out = self._last_backward(super().backward_weight_one_chunk, bwd_chunk_id, *args, **kwargs)
+        if self.has_backward:
+            self._release(bwd_chunk_id)
+        return out
+
+    def _release(self, mb_index: int) -> None:
+        """Free micro-batch `mb_index`'s receive buffers: its backward on this stage is done."""
+        self.recv_buffers.release(self.args_recv_info.get(mb_index, ()))
+        self.recv_buffers.release(self.grad_recv_info.get(mb_index, ()))
+
+    # The receive buffers: torch allocates them in the two `_prepare_*_infra` calls of the first
+    # step and fills them through `_get_recv_ops` (forward and backward, every schedule).
+    def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._prepare_forward_infra(*args, **kwargs)
+        self.recv_buffers.adopt(self.args_recv_info.values())
+        return out
+
+    def _prepare_backward_infra(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._prepare_backward_infra(*args, **kwargs)
+        self.recv_buffers.adopt(self.grad_recv_info.values())
+        return out
+
+    def _get_recv_ops(self, recv_infos: Any) -> list[torch.distributed.P2POp]:
+        self.recv_buffers.restore(recv_infos)
+        return super()._get_recv_ops(recv_infos)
 
     # torch 2.13's multi-stage runtime hands an input gradient from a stage to the previous one on
     # the same rank (a V's bottom) even in `schedule.eval`, where both stages have backward off
@@ -107,6 +157,9 @@ class TimedStage(PipelineStage):
 
     def set_local_bwd_input(self, outputs: Any, mb_index: int) -> None:
         if self.has_backward:
+            # torch zeroes its own buffer where the handed-over gradient is None
+            infos = self.grad_recv_info[mb_index]
+            self.recv_buffers.restore(tuple(i for i, t in zip(infos, outputs) if t is None))
             super().set_local_bwd_input(outputs, mb_index)
 
     def _last_backward(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -204,6 +204,9 @@ class LayerSpec(BaseModel):
     """Activation kept from forward until backward, per sequence, without recomputation."""
     saved_bytes_recompute_per_sample: int
     """The same with full activation recomputation (only the layer input is kept)."""
+    params_whole_under_tp: int = 0
+    """Of `params`, what every rank of a tensor-parallel group keeps whole: a block's norm
+    weights and the biases of its row-parallel projections (added after the sum)."""
     saved_bytes_whole_under_tp_per_sample: int = 0
     """Of `saved_bytes_per_sample`, what every rank of a tensor-parallel group keeps whole
     (without sequence parallelism: the norms' inputs and outputs and their fp32 upcasts, on the
@@ -265,6 +268,13 @@ def block_params(c: ModelConfig) -> int:
     return qkv + out + mlp + norms * _norm_params(c)
 
 
+def _block_whole_under_tp(c: ModelConfig) -> int:
+    """Parameters of one block that TP leaves whole on every rank (`runtime.tp`): the norms'
+    weights (and biases) and the biases of the attention output and MLP down projections."""
+    norms = (4 if c.sandwich_norm else 2) * _norm_params(c)
+    return norms + c.hidden_size * (int(c.dense_bias) + int(c.has_mlp_bias))
+
+
 def _rms_upcast_bytes(c: ModelConfig, s: int) -> int:
     """What one RMSNorm keeps besides its input and output, per sequence: the normalised input
     in float32, whatever the precision (the norm computes in float32: a float32 copy of a half
@@ -289,6 +299,7 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         kind="block",
         params=n,
         stored_params=n,
+        params_whole_under_tp=_block_whole_under_tp(c),
         fwd_flops_per_token=2.0 * matmul + attn,
         send_bytes_per_sample=s * h * d,
         saved_bytes_per_sample=int(s * saved_elems * d) + 2 * _rms_upcast_bytes(c, s),
