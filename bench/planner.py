@@ -9,6 +9,8 @@ each baseline, every search time, and hpp's throughput as a fraction of the phys
 bubbles, no communication, memory ignored). Every strategy plans on a fresh problem, so no search
 profits from another's caches. `--quick` runs the scenarios marked quick with one model (the
 smoke test's mode). `--out` writes the results as Markdown with the command that made them.
+`--sharding` lets every strategy shard the optimizer state (`Problem.sharding_mode`; default
+none, the suite's setting).
 """
 
 from __future__ import annotations
@@ -56,13 +58,14 @@ def run_one(
     seq: int,
     oracle: bool,
     schedules: tuple[str, ...] | None = None,
+    sharding: str = "none",
 ) -> dict:
     cluster = load_cluster(cluster_file)
     spec = load_model(model, seq)
 
     def problem() -> Problem:
         train = TrainSpec(global_batch=batch, seq_len=seq)
-        return Problem(spec, cluster, train, schedules=schedules)
+        return Problem(spec, cluster, train, schedules=schedules, sharding_mode=sharding)
 
     row = {
         "cluster": cluster.name,
@@ -150,7 +153,8 @@ def _setting(plan) -> str:
     """Schedule, micro-batch sizes and recomputation of a plan, as the table shows them."""
     sizes = sorted({p.micro_batch_size for p in plan.pipelines})
     rc = "recompute" if plan.train.recompute else "no recompute"
-    return f"{schedule_summary(plan)}, mbs {'/'.join(map(str, sizes))}, {rc}"
+    shard = "" if plan.sharding == "none" else f", sharding {plan.sharding}"
+    return f"{schedule_summary(plan)}, mbs {'/'.join(map(str, sizes))}, {rc}{shard}"
 
 
 def speedups(row: dict) -> dict[str, float]:
@@ -314,12 +318,19 @@ def main(argv: list[str] | None = None) -> int:
         help="multi-chunk schedules the strategies may give pipelines (default: every one in "
         "the registry; none: 1F1B only)",
     )
+    ap.add_argument(
+        "--sharding",
+        choices=("none", "optimizer", "auto"),
+        default="none",
+        help="optimizer sharding every strategy may use (default none)",
+    )
     args = ap.parse_args(argv)
     chunked = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
     schedules = chunked if args.schedules is None else tuple(args.schedules)
     rows = []
     for cluster_file, model, batch, seq in scenarios(args.quick):
-        rows.append(run_one(cluster_file, model, batch, seq, not args.no_oracle, schedules))
+        oracle = not args.no_oracle
+        rows.append(run_one(cluster_file, model, batch, seq, oracle, schedules, args.sharding))
         print_row(rows[-1])
     s = summary(rows)
     print(

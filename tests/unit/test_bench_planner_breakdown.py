@@ -55,3 +55,26 @@ def test_one_1f1b_pipeline_of_two_equal_stages(bench):
     assert got["sync"] == pytest.approx(step.exposed_sync_s / total)
     assert got["imbalance"] >= 0
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_sharding_reaches_every_strategy_and_the_setting_names_it(bench, monkeypatch):
+    """`--sharding auto` plans every strategy on a problem that may shard; the table's setting
+    says when a plan does."""
+    seen = []
+
+    def fake_plan(problem, name):
+        seen.append((name, problem.sharding_mode))
+        return PlanResult(name, None, None)
+
+    monkeypatch.setattr(bench, "plan", fake_plan)
+    rows = []
+    monkeypatch.setattr(bench, "print_row", rows.append)
+    first = bench.scenarios(True)[0]
+    monkeypatch.setattr(bench, "scenarios", lambda quick: [first])
+    bench.main(["--sharding", "auto", "--no-oracle"])
+    assert [m for _, m in seen] == ["auto"] * 4 and rows[0]["hpp"]["tput"] == 0
+    p = problem(cluster(("A100-80GB", 4, 1)), "gpt3-1.3b", 32, schedules=())
+    r = plan(p, "hpp")
+    assert bench._setting(r.plan).endswith("no recompute")
+    sharded = r.plan.model_copy(update={"sharding": "optimizer"})
+    assert bench._setting(sharded).endswith("no recompute, sharding optimizer")
