@@ -96,7 +96,7 @@ def run_one(
     return row
 
 
-LOSSES = ("bubble", "sync", "optimizer", "efficiency", "imbalance")
+LOSSES = ("bubble", "sync", "optimizer", "efficiency", "unused", "imbalance")
 """What takes a step's time beyond the physical limit's, as `step_breakdown` splits it."""
 
 
@@ -107,8 +107,9 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
     drain and lock-step stalls); `sync`, gradient sync exposed after the pipelines; `optimizer`,
     the rest of the step after them (optimizer step, sharded all-gathers); `efficiency`, what
     the plan's micro-batch sizes and recomputation cost against the limit's best setting, on the
-    devices the plan uses; `imbalance`, the remainder: that busiest device's work over the
-    plan's devices' mean (stage and batch imbalance, hops inside a beat, unused devices)."""
+    devices the plan uses; `unused`, the devices the plan leaves idle (the limit of the devices
+    it uses against the whole cluster's); `imbalance`, the remainder: that busiest device's work
+    over the plan's devices' mean (stage and batch imbalance, hops inside a beat)."""
     plan, step = result.plan, result.step
     total = step.iteration_time_s
     cm = problem.cost_model(plan.train.recompute)
@@ -121,7 +122,9 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
         for st in {st.device: st for st in pipe.stages}.values():
             c = cm.layer_costs(cm.cluster.gpu(st.device), mbs, st.recomputes(plan.train), st.tp)
             rate += mbs / (c.fwd_cum[-1] + c.bwd_cum[-1])
+    used = {st.device for pipe in plan.pipelines for st in pipe.stages}
     ideal, at_setting = plan.global_batch / limit, plan.global_batch / rate
+    ideal_used = plan.global_batch / physical_limit_samples_per_s(problem, used)
     tail = total - max(times)
     sync = min(step.exposed_sync_s, tail)
     seconds = {
@@ -129,7 +132,8 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
         "bubble": max(times) - busy,
         "sync": sync,
         "optimizer": tail - sync,
-        "efficiency": at_setting - ideal,
+        "efficiency": at_setting - ideal_used,
+        "unused": ideal_used - ideal,
         "imbalance": busy - at_setting,
     }
     return {k: v / total for k, v in seconds.items()}
@@ -287,14 +291,15 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         "the slowest pipeline beyond its micro-batches x its busiest device's work (fill, "
         "drain, stalls); *sync*, gradient sync exposed after the pipelines; *optimizer*, the "
         "rest after them; *mbs/recompute*, the plan's micro-batch sizes and recomputation "
-        "against the limit's best setting on the devices it uses; *imbalance*, the remainder "
-        "(the busiest device's work over the mean: stage and batch imbalance, unused devices). "
+        "against the limit's best setting on the devices it uses; *unused*, the devices it "
+        "leaves idle (the limit on the devices it uses against the cluster's); *imbalance*, the "
+        "remainder (the busiest device's work over the mean: stage and batch imbalance). "
         "*sync alone*: the whole model's gradient all-reduced once over the slowest link its "
         "buckets cross, as a share of the step (what no schedule hides once above 25%).",
         "",
-        "| cluster | model | at limit | bubble | sync | optimizer | mbs/recompute | imbalance "
-        "| sync alone | hpp setting |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cluster | model | at limit | bubble | sync | optimizer | mbs/recompute | unused "
+        "| imbalance | sync alone | hpp setting |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = r["hpp"]["breakdown"]

@@ -78,3 +78,28 @@ def test_sharding_reaches_every_strategy_and_the_setting_names_it(bench, monkeyp
     assert bench._setting(r.plan).endswith("no recompute")
     sharded = r.plan.model_copy(update={"sharding": "optimizer"})
     assert bench._setting(sharded).endswith("no recompute, sharding optimizer")
+
+
+def test_devices_the_plan_leaves_idle_are_unused_not_mbs_or_imbalance(bench):
+    """Three A100s, a plan on two of them: the third's share of the limit is `unused` (half
+    the step at the limit's rate), and the mbs/recompute share counts only the two it uses."""
+    p = problem(cluster(("A100-80GB", 3, 1)), "gpt3-1.3b", 8, schedules=())
+    stages = (StagePlan(devices=(0,), layers=(0, 13)), StagePlan(devices=(1,), layers=(13, 26)))
+    pl = Plan(
+        pipelines=(PipelinePlan(stages=stages, micro_batch_size=1, num_micro_batches=8),),
+        strategy="hand",
+        **p.plan_fields(False),
+    )
+    step = evaluate(p, pl)
+    limit = physical_limit_samples_per_s(p)
+    assert physical_limit_samples_per_s(p, {0, 1}) == pytest.approx(limit * 2 / 3, rel=1e-12)
+    got = bench.step_breakdown(p, PlanResult("hand", pl, step), limit)
+    assert got["unused"] == pytest.approx(got["limit"] / 2, rel=1e-9)
+    on_two = bench.step_breakdown(
+        problem(cluster(("A100-80GB", 2, 1)), "gpt3-1.3b", 8, schedules=()),
+        PlanResult("hand", pl, step),
+        limit * 2 / 3,
+    )
+    assert on_two["unused"] == pytest.approx(0.0, abs=1e-12)
+    assert got["efficiency"] == pytest.approx(on_two["efficiency"], rel=1e-9)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
