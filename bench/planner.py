@@ -9,6 +9,8 @@ each baseline, every search time, and hpp's throughput as a fraction of the phys
 bubbles, no communication, memory ignored). Every strategy plans on a fresh problem, so no search
 profits from another's caches. `--quick` runs the scenarios marked quick with one model (the
 smoke test's mode). `--out` writes the results as Markdown with the command that made them.
+`--sharding` lets every strategy shard the optimizer state (`Problem.sharding_mode`; default
+none, the suite's setting).
 """
 
 from __future__ import annotations
@@ -56,13 +58,14 @@ def run_one(
     seq: int,
     oracle: bool,
     schedules: tuple[str, ...] | None = None,
+    sharding: str = "none",
 ) -> dict:
     cluster = load_cluster(cluster_file)
     spec = load_model(model, seq)
 
     def problem() -> Problem:
         train = TrainSpec(global_batch=batch, seq_len=seq)
-        return Problem(spec, cluster, train, schedules=schedules)
+        return Problem(spec, cluster, train, schedules=schedules, sharding_mode=sharding)
 
     row = {
         "cluster": cluster.name,
@@ -93,7 +96,7 @@ def run_one(
     return row
 
 
-LOSSES = ("bubble", "sync", "optimizer", "efficiency", "imbalance")
+LOSSES = ("bubble", "sync", "optimizer", "efficiency", "unused", "imbalance")
 """What takes a step's time beyond the physical limit's, as `step_breakdown` splits it."""
 
 
@@ -104,8 +107,9 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
     drain and lock-step stalls); `sync`, gradient sync exposed after the pipelines; `optimizer`,
     the rest of the step after them (optimizer step, sharded all-gathers); `efficiency`, what
     the plan's micro-batch sizes and recomputation cost against the limit's best setting, on the
-    devices the plan uses; `imbalance`, the remainder: that busiest device's work over the
-    plan's devices' mean (stage and batch imbalance, hops inside a beat, unused devices)."""
+    devices the plan uses; `unused`, the devices the plan leaves idle (the limit of the devices
+    it uses against the whole cluster's); `imbalance`, the remainder: that busiest device's work
+    over the plan's devices' mean (stage and batch imbalance, hops inside a beat)."""
     plan, step = result.plan, result.step
     total = step.iteration_time_s
     cm = problem.cost_model(plan.train.recompute)
@@ -118,7 +122,9 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
         for st in {st.device: st for st in pipe.stages}.values():
             c = cm.layer_costs(cm.cluster.gpu(st.device), mbs, st.recomputes(plan.train), st.tp)
             rate += mbs / (c.fwd_cum[-1] + c.bwd_cum[-1])
+    used = {st.device for pipe in plan.pipelines for st in pipe.stages}
     ideal, at_setting = plan.global_batch / limit, plan.global_batch / rate
+    ideal_used = plan.global_batch / physical_limit_samples_per_s(problem, used)
     tail = total - max(times)
     sync = min(step.exposed_sync_s, tail)
     seconds = {
@@ -126,7 +132,8 @@ def step_breakdown(problem: Problem, result, limit: float) -> dict[str, float]:
         "bubble": max(times) - busy,
         "sync": sync,
         "optimizer": tail - sync,
-        "efficiency": at_setting - ideal,
+        "efficiency": at_setting - ideal_used,
+        "unused": ideal_used - ideal,
         "imbalance": busy - at_setting,
     }
     return {k: v / total for k, v in seconds.items()}
@@ -150,7 +157,8 @@ def _setting(plan) -> str:
     """Schedule, micro-batch sizes and recomputation of a plan, as the table shows them."""
     sizes = sorted({p.micro_batch_size for p in plan.pipelines})
     rc = "recompute" if plan.train.recompute else "no recompute"
-    return f"{schedule_summary(plan)}, mbs {'/'.join(map(str, sizes))}, {rc}"
+    shard = "" if plan.sharding == "none" else f", sharding {plan.sharding}"
+    return f"{schedule_summary(plan)}, mbs {'/'.join(map(str, sizes))}, {rc}{shard}"
 
 
 def speedups(row: dict) -> dict[str, float]:
@@ -283,14 +291,15 @@ def markdown(rows: list[dict], s: dict, command: str) -> str:
         "the slowest pipeline beyond its micro-batches x its busiest device's work (fill, "
         "drain, stalls); *sync*, gradient sync exposed after the pipelines; *optimizer*, the "
         "rest after them; *mbs/recompute*, the plan's micro-batch sizes and recomputation "
-        "against the limit's best setting on the devices it uses; *imbalance*, the remainder "
-        "(the busiest device's work over the mean: stage and batch imbalance, unused devices). "
+        "against the limit's best setting on the devices it uses; *unused*, the devices it "
+        "leaves idle (the limit on the devices it uses against the cluster's); *imbalance*, the "
+        "remainder (the busiest device's work over the mean: stage and batch imbalance). "
         "*sync alone*: the whole model's gradient all-reduced once over the slowest link its "
         "buckets cross, as a share of the step (what no schedule hides once above 25%).",
         "",
-        "| cluster | model | at limit | bubble | sync | optimizer | mbs/recompute | imbalance "
-        "| sync alone | hpp setting |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cluster | model | at limit | bubble | sync | optimizer | mbs/recompute | unused "
+        "| imbalance | sync alone | hpp setting |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b = r["hpp"]["breakdown"]
@@ -314,12 +323,19 @@ def main(argv: list[str] | None = None) -> int:
         help="multi-chunk schedules the strategies may give pipelines (default: every one in "
         "the registry; none: 1F1B only)",
     )
+    ap.add_argument(
+        "--sharding",
+        choices=("none", "optimizer", "auto"),
+        default="none",
+        help="optimizer sharding every strategy may use (default none)",
+    )
     args = ap.parse_args(argv)
     chunked = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
     schedules = chunked if args.schedules is None else tuple(args.schedules)
     rows = []
     for cluster_file, model, batch, seq in scenarios(args.quick):
-        rows.append(run_one(cluster_file, model, batch, seq, not args.no_oracle, schedules))
+        oracle = not args.no_oracle
+        rows.append(run_one(cluster_file, model, batch, seq, oracle, schedules, args.sharding))
         print_row(rows[-1])
     s = summary(rows)
     print(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -230,14 +230,20 @@ class Problem:
         )
 
 
-def physical_limit_samples_per_s(problem: Problem) -> float:
+def physical_limit_samples_per_s(problem: Problem, units: Collection[int] | None = None) -> float:
     """Every device training the whole model alone at its own speed: no bubbles, no
     communication, memory ignored. Per device, the best micro-batch size's per-sample
-    forward+backward time of all layers (same layer costs as the planner, no recomputation)."""
+    forward+backward time of all layers (same layer costs as the planner, no recomputation).
+    `units` (lead devices): the limit of those alone (say, the ones a plan uses)."""
     cm = problem.cost_model(False)
     rate = 0.0
     for pool in problem.pools.values():
+        count = pool.count
+        if units is not None:
+            count = sum(d in units for node in pool.nodes for d in node)
+        if not count:
+            continue
         costs = [(b, cm.layer_costs(pool.gpu, b, tp=pool.tp)) for b in problem.micro_batch_sizes]
         per_sample = min((c.fwd_cum[-1] + c.bwd_cum[-1]) / b for b, c in costs)
-        rate += pool.count / per_sample
+        rate += count / per_sample
     return rate
