@@ -197,3 +197,21 @@ def test_plan_tries_multi_chunk_schedules_when_asked(tmp_path, capsys):
         assert name in shown and (pipe.chunks > 1) == (name in chunked)
     # the search itself runs a one-chunk schedule
     assert main([*args, "--global-batch", "32", "--schedule", "zbv"]) == 2
+
+
+def test_plan_falls_back_to_sharding_only_when_nothing_fits_and_says_so(tmp_path, capsys):
+    # Issue 14's case: Llama-3.1-70B on 16 A100-80GB + 16 V100-32GB fits no whole replicas.
+    args = ["plan", "--cluster", str(ROOT / "examples/a100-v100.yaml"), "--model"]
+    args += [str(ROOT / "examples/models/llama-3.1-70b.json"), "--seq-len", "4096"]
+    args += ["--global-batch", "64", "--out", str(tmp_path / "p.json")]
+    assert main([*args, "--sharding", "none"]) == 2
+    assert "no plan fits" in capsys.readouterr().err
+    assert main(args) == 0
+    assert "comes from --sharding auto" in capsys.readouterr().err
+    plan = load_plan(tmp_path / "p.json")
+    assert plan.sharding == "optimizer" and len(plan.pipelines) >= 2
+    # a plan that fits unsharded is not touched, and nothing is said
+    small = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-1.3b", "--seq-len", "1024"]
+    assert main([*small, "--global-batch", "16", "--out", str(tmp_path / "q.json")]) == 0
+    assert "--sharding auto" not in capsys.readouterr().err
+    assert load_plan(tmp_path / "q.json").sharding != "optimizer"  # FSDP ("full") may win

@@ -65,11 +65,12 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sharding",
         choices=("auto", "none", "optimizer"),
-        default="none",
-        help="optimizer sharding over block owners (ZeRO-1): none (default), optimizer, or "
-        "auto: try it where memory or time says so and keep the faster (in bf16/fp16 a "
-        "sharded plan keeps half-precision parameters and gradients, fp32 masters in the "
-        "optimizer: --master-weights optimizer)",
+        default=None,
+        help="optimizer sharding over block owners (ZeRO-1): none, optimizer, or auto: try it "
+        "where memory or time says so and keep the faster (in bf16/fp16 a sharded plan keeps "
+        "half-precision parameters and gradients, fp32 masters in the optimizer: "
+        "--master-weights optimizer). Default: none; `hetpp plan` then retries with auto when "
+        "no unsharded plan fits, and says so",
     )
     p.add_argument(
         "--master-weights",
@@ -144,7 +145,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         train=train,
         micro_batch_sizes=args.micro_batch_sizes,
         recompute_mode=args.recompute,
-        sharding_mode=args.sharding,
+        sharding_mode=args.sharding or "none",
         profiles=load_profiles(args.profile) if args.profile else None,
         schedules=None if args.try_schedules is None else tuple(args.try_schedules),
         tp_search=args.tp == "auto",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from hetpp.cli._options import (
     add_problem_arguments,
@@ -70,8 +72,18 @@ def run_strategy(
 def run(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out")
     problem = problem_from(args)
+    fell_back = False
     with search_progress(not args.json) as report:
-        result = run_strategy(problem, args.strategy, report, args.time_limit)
+        try:
+            result = run_strategy(problem, args.strategy, report, args.time_limit)
+        except SpecError:
+            if not _may_fall_back(args, problem):
+                raise
+            # A model too big for whole replicas: a sharded plan beats no plan, and the
+            # precision change it can bring is printed, not silent.
+            problem = replace(problem, sharding_mode="auto")
+            result = run_strategy(problem, args.strategy, report, args.time_limit)
+            fell_back = True
     final = result.final_plan()
     assert final is not None
     final.save(args.out)
@@ -86,4 +98,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"plan written to {args.out}")
         print("to train it, on each node (NODE0_HOST: node 0's address):")
         print("\n".join(f"  {c}" for c in launch_commands(problem.cluster, args.out)))
+    if fell_back:
+        print(FALLBACK_NOTE, file=sys.stderr)
     return 0
+
+
+FALLBACK_NOTE = (
+    "note: no plan fits with whole replicas of the optimizer state (--sharding none); this plan "
+    "comes from --sharding auto (ZeRO-1 over block owners; in bf16/fp16 with half-precision "
+    "parameters and gradients and fp32 masters in the optimizer). Pass --sharding none to refuse."
+)
+
+
+def _may_fall_back(args: argparse.Namespace, problem: Problem) -> bool:
+    """Whether an infeasible default search is retried sharded: only when --sharding was not
+    given, and not with TP (which is not combined with sharding)."""
+    return args.sharding is None and not (problem.tp_search or problem.has_tp)
