@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -211,6 +212,68 @@ def _busy_devices(placement: str, split_backward: bool):
     return lines
 
 
+PARTS = {"F": 0, "B": 1, "I": 1, "W": 2}
+"""Index of a compute step's part in `_first_reach_paths` (a whole backward B counts as its
+input-grad part I, its W part then taking 0 s)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_reach_paths(name: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
+    """`first_reach_s`'s paths as rows of coefficients over the seconds
+    `x = [f_0..f_S-1, i_0.., w_0.., c_0..c_S-2]` (forward, input-grad, weight-grad per stage,
+    hops), so that the paths' lengths are `paths @ x`: one row per (device, stage, part) the
+    device runs, the first micro-batch's way to the part's first step in the device's order
+    plus the device's steps from there on (counted from the schedule's order)."""
+    spec, num = SCHEDULES[name], num_devices * chunks
+    up = np.tril(np.ones((num, num)), -1)  # up[s, u] = 1 for u < s
+    way = np.zeros((num, 3, 4 * num - 1))  # the first micro-batch's way to (stage, part)
+    way[:, 0, :num], way[:, 0, 3 * num :] = up, up[:, : num - 1]
+    way[:, 1, :num] = 1.0  # every forward and hop, then the I's above s and the hops down to s
+    way[:, 1, num : 2 * num] = up.T
+    way[:, 1, 3 * num :] = 1.0 + up.T[:, : num - 1] + np.eye(num)[:, : num - 1]
+    way[:, 2] = way[:, 1]
+    way[:, 2, num : 2 * num] += np.eye(num)  # a W after its I
+    rows = []
+    for d in range(num_devices):
+        order = [(s, PARTS[kind]) for kind, s, _ in spec.order(d, num_devices, chunks, m)]
+        left = np.zeros((num, 3))
+        for s, part in order:
+            left[s, part] += 1
+        seen = set()
+        for s, part in order:
+            if (s, part) not in seen:
+                seen.add((s, part))
+                row = way[s, part].copy()
+                row[: 3 * num] += left.T.ravel()
+                rows.append(row)
+            left[s, part] -= 1
+    return np.array(rows)
+
+
+def first_reach_s(
+    fwd_s: Times, bwd_s: Times, comm_s: Times, m: int, schedule: str, num_devices: int,
+    weight_s: Times,
+) -> float:  # fmt: skip
+    """A path through the replay for every (stage, part) a device runs: the part cannot start
+    before the first micro-batch's own path reaches it (forwards down every stage and hop,
+    then the input-grads, or whole backwards, back up to it; a W after its I), and from the
+    first such step in the device's order on the device still runs all its steps that follow
+    (its whole work less the steps before that one, counted from the schedule's order). The
+    largest of these is the few-micro-batch and fill bound of a multi-chunk schedule: the
+    device holding the last stages waits for the first forward to come down the pipeline,
+    device 0 for the first backward to come back, and whatever either has left then runs
+    one step after another. Links are taken as free beyond the first micro-batch's hops, so
+    it is a lower bound on the replay."""
+    num = len(fwd_s)
+    x = np.concatenate([fwd_s, bwd_s, weight_s, comm_s])
+    if SCHEDULES[schedule].splits_backward:
+        x[num : 2 * num] -= x[2 * num : 3 * num]  # I = B - W
+    else:
+        x[2 * num : 3 * num] = 0.0  # whole backwards: B in the I slot, no W
+    paths = _first_reach_paths(schedule, num_devices, num // num_devices, m)
+    return float((paths @ x).max())
+
+
 class TimingRule(NamedTuple):
     """How a schedule's pipeline time `fill + (m - 1) * beat` is made. All take
     `(fwd_s, bwd_s, comm_s, num_devices, weight_s)` (per stage; `weight_s` is the W part of each
@@ -230,6 +293,9 @@ class TimingRule(NamedTuple):
     """For interleaved schedules whose micro-batches make one round (`m < 2D`): lines that
     replace the first, since no steady state forms; the chunks run as flow lines one after
     another."""
+    first_reach: bool = False
+    """The time never falls below `first_reach_s` (read off the schedule's order for the
+    pipeline's m, so not a line: the planner's data balance does not see it)."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
@@ -241,19 +307,25 @@ TIMING_RULES: dict[str, TimingRule] = {
         _chunked_few("loop", False),
         _busy_devices("loop", False),
         _one_round(False),
+        first_reach=True,
     ),
+    # no few-micro-batch line: it charged the first micro-batch's whole path and then a beat
+    # share per further one, up to 10% over the replay on the benchmark plans with m <= D;
+    # `first_reach_s` is a path through the replay there (docs/benchmarks-sim.md)
     "zero-bubble": TimingRule(
         _chunked_fill("loop", True),
         _chunked_beat("loop", True),
-        _chunked_few("loop", True),
+        None,
         _busy_devices("loop", True),
         _one_round(True),
+        first_reach=True,
     ),
     "zero-bubble-v": TimingRule(
         _chunked_fill("v", True),
         _chunked_beat("v"),
         _chunked_few("v", True),
         _busy_devices("v", True),
+        first_reach=True,
     ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
@@ -295,7 +367,8 @@ def pipeline_time_s(
     finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
     `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
     steady one (in one round of an interleaved schedule, the flow-line path instead), the
-    one for few micro-batches, and one per device kept busy throughout."""
+    one for few micro-batches, one per device kept busy throughout, and (`first_reach_s`) one
+    per step of the schedule's order that the first micro-batch has to reach."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
     if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
@@ -304,7 +377,13 @@ def pipeline_time_s(
         lines = [(rule.fill(*args), rule.beat(*args))]
     lines += [rule.few(*args)] if rule.few else []
     lines += rule.paths(*args) if rule.paths else []
-    return float(max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines))
+    time = max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines)
+    if rule.first_reach:
+        fwd, bwd, comm, d_count, weight = args
+        time = max(
+            time, first_reach_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
+        )
+    return float(time)
 
 
 def steady_time_s(fill_s, beat_s, num_micro_batches):
