@@ -54,8 +54,8 @@ def test_first_reach_is_the_replay_of_one_micro_batch_through_a_loop():
 def test_closed_form_within_5_percent_with_a_slow_hop_and_few_micro_batches(name):
     # 2-4 devices, one chunk of f = 1/v, b = 2/v per stage (v chunks per device), a 100 ms hop
     # in the middle (ten times the others), m from 3 (so m < 2D included) to 4D. Interleaved
-    # zero-bubble at m <= D was 10% over before `first_reach_s` replaced its few-micro-batch
-    # line. ZB-V at m = 1-2 is left out: its order puts W's on the first micro-batch's way
+    # zero-bubble at m = 3-4 was 6-9% over here before `first_reach_s` replaced its
+    # few-micro-batch line. ZB-V at m = 1-2 is left out: its order puts W's on the first micro-batch's way
     # back, which no line charges (up to 9% short; docs/benchmarks-sim.md).
     spec = SCHEDULES[name]
     chunks = 1 if spec.placement == "one" else 2

@@ -94,7 +94,7 @@ def _busiest_s(fwd_s: Times, bwd_s: Times, placement: str, num_devices: int) -> 
     return float(_device_work(fwd_s, bwd_s, placement, num_devices).max())
 
 
-def _chunked_beat(placement: str, split_backward: bool = False):
+def _chunked_beat(placement: str, split_backward: bool = False, turns: tuple | None = None):
     def beat(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times) -> float:
         """The busiest device's work over all its chunks, or, on a loop, a lock-step window
         of devices with the transfers inside it where that is longer. In a loop's steady state
@@ -106,6 +106,8 @@ def _chunked_beat(placement: str, split_backward: bool = False):
         device's W is on the cycle. Without transfers the windows never beat the busiest
         device; a slow hop adds itself to every micro-batch (on the 10 Gb/s cluster 27%)."""
         busiest = _busiest_s(fwd_s, bwd_s, placement, num_devices)
+        if turns and num_devices > 1 and any(comm_s):  # a V: its hops' ping-pong
+            return max(busiest, _v_hop_cycle(fwd_s, bwd_s, comm_s, num_devices, weight_s, turns))
         d = num_devices
         if placement != "loop" or d < 2 or not any(comm_s):
             return busiest
@@ -117,6 +119,42 @@ def _chunked_beat(placement: str, split_backward: bool = False):
         return v * _window_beat(step, hop, 1 if split_backward else 2, left)
 
     return beat
+
+
+V_TURNS = {
+    "zbv": ("F", "I", 0, "F", "I", 1),
+    "dualpipev": ("B", "F", 1, "B", "F", 0),
+}
+"""Per V schedule, the two steps a device runs in its steady state between the pair of
+messages it waits for from a neighbour and the pair it sends back (`_v_hop_cycle`): the
+deeper device's (kinds, chunk), then the shallower one's; read off the replay's timelines
+(ZB-V: chunk 0's F then I on the deeper device, chunk 1's on the shallower; DualPipeV: chunk
+1's B then F on the deeper, chunk 0's on the shallower)."""
+
+
+def _v_hop_cycle(
+    fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times, turns: tuple
+) -> float:
+    """A V crosses each hop four times per micro-batch, chunk 0's activation and chunk 1's
+    gradient one way, the other two back, and in steady state a device issues the two messages
+    of a direction back to back: the second waits for the first on the link, and the device on
+    the other side, which needs it, then runs two steps (`V_TURNS`) before it sends its own
+    pair back. So each pair of neighbours plays ping-pong over their hop, a cycle of two
+    micro-batches holding 4 transfers and the two steps on each side; per micro-batch the
+    largest `(4 c + the four steps) / 2`. It hides behind the busiest device's work unless the
+    hop is slow (gpt3-1.3b on 8 A100s over 10 Gb/s, one 26.9 ms hop: the replay's beat is this
+    cycle, ZB-V 11% and DualPipeV 25% over the busiest device's)."""
+    d, last = num_devices, 2 * num_devices - 1
+    i = [b - w for b, w in zip(bwd_s, weight_s)]
+    took = {"F": fwd_s, "B": bwd_s, "I": i}
+    deep_a, deep_b, deep_chunk, low_a, low_b, low_chunk = turns
+    best = 0.0
+    for k in range(d - 1):  # the hop between devices k and k + 1
+        deep = k + 1 if deep_chunk == 0 else last - (k + 1)
+        low = k if low_chunk == 0 else last - k
+        steps = took[deep_a][deep] + took[deep_b][deep] + took[low_a][low] + took[low_b][low]
+        best = max(best, (4 * comm_s[k] + steps) / 2)
+    return float(best)
 
 
 def _chunked_fill(placement: str, split_backward: bool):
@@ -322,7 +360,14 @@ TIMING_RULES: dict[str, TimingRule] = {
     ),
     "zero-bubble-v": TimingRule(
         _chunked_fill("v", True),
-        _chunked_beat("v"),
+        _chunked_beat("v", turns=V_TURNS["zbv"]),
+        _chunked_few("v", True),
+        _busy_devices("v", True),
+        first_reach=True,
+    ),
+    "dualpipe-v": TimingRule(
+        _chunked_fill("v", True),
+        _chunked_beat("v", turns=V_TURNS["dualpipev"]),
         _chunked_few("v", True),
         _busy_devices("v", True),
         first_reach=True,
