@@ -179,15 +179,17 @@ def _chunked_fill(placement: str, split_backward: bool):
     return fill
 
 
-def _chunked_few(placement: str, split_backward: bool):
+def _chunked_few(placement: str, split_backward: bool, turn_weight: bool = False):
     def few(
         fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
     ) -> tuple[float, float]:
         """With fewer micro-batches than it takes to fill the loop (interleaved: m < D; ZB-V:
         m < 2D - 1) the schedules cannot reach their steady state: the first micro-batch's
-        whole path (its weight-grads, when split, left to the end but the first stage's), then
-        each further one a chunk's share of the beat (a split backward's share: the beat less
-        the busiest device's weight-grads, which wait for the drain)."""
+        whole path (its weight-grads, when split, left to the end but the first stage's, and,
+        `turn_weight`, the V turn's: ZB-V's order runs stage D's W before stage D-1's
+        input-grad on the turning device), then each further one a chunk's share of the beat
+        (a split backward's share: the beat less the busiest device's weight-grads, which wait
+        for the drain)."""
         v = len(fwd_s) / num_devices
         beat = _busiest_s(fwd_s, bwd_s, placement, num_devices)
         path = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
@@ -197,7 +199,8 @@ def _chunked_few(placement: str, split_backward: bool):
         spec = next(s for s in SCHEDULES.values() if s.placement == placement)
         for s, w in enumerate(weight_s):
             weights[spec.device_index(s, num_devices)] += w
-        return float(path - sum(weight_s) + weight_s[0]), float(beat - weights.max())
+        kept = weight_s[0] + (weight_s[num_devices] if turn_weight else 0.0)
+        return float(path - sum(weight_s) + kept), float(beat - weights.max())
 
     return few
 
@@ -259,9 +262,10 @@ input-grad part I, its W part then taking 0 s)."""
 def _first_reach_paths(name: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
     """`first_reach_s`'s paths as rows of coefficients over the seconds
     `x = [f_0..f_S-1, i_0.., w_0.., c_0..c_S-2]` (forward, input-grad, weight-grad per stage,
-    hops), so that the paths' lengths are `paths @ x`: one row per (device, stage, part) the
-    device runs, the first micro-batch's way to the part's first step in the device's order
-    plus the device's steps from there on (counted from the schedule's order)."""
+    hops), so that the paths' lengths are `paths @ x`: one row per device and pair of
+    (stage, part)s it runs, the first micro-batch's way to the first part's first step in the
+    device's order, the device's steps from there to the second part's last step (counted
+    from the schedule's order), and what must run after that step (`_after`)."""
     spec, num = SCHEDULES[name], num_devices * chunks
     up = np.tril(np.ones((num, num)), -1)  # up[s, u] = 1 for u < s
     way = np.zeros((num, 3, 4 * num - 1))  # the first micro-batch's way to (stage, part)
@@ -271,21 +275,64 @@ def _first_reach_paths(name: str, num_devices: int, chunks: int, m: int) -> np.n
     way[:, 1, 3 * num :] = 1.0 + up.T[:, : num - 1] + np.eye(num)[:, : num - 1]
     way[:, 2] = way[:, 1]
     way[:, 2, num : 2 * num] += np.eye(num)  # a W after its I
+    after = _afters(num)
     rows = []
     for d in range(num_devices):
         order = [(s, PARTS[kind]) for kind, s, _ in spec.order(d, num_devices, chunks, m)]
-        left = np.zeros((num, 3))
-        for s, part in order:
-            left[s, part] += 1
-        seen = set()
-        for s, part in order:
-            if (s, part) not in seen:
-                seen.add((s, part))
-                row = way[s, part].copy()
-                row[: 3 * num] += left.T.ravel()
-                rows.append(row)
-            left[s, part] -= 1
-    return np.array(rows)
+        (f_pos, f_key, f_left), (l_pos, l_key, l_left) = _ends(order, num)
+        pair = f_pos[:, None] <= l_pos[None, :]  # from the first (s, part) to the last (t, end)
+        own = (f_left[:, None] - l_left[None, :]).transpose(0, 1, 3, 2).reshape(*pair.shape, -1)
+        got = way[f_key[:, 0], f_key[:, 1]][:, None] + after[l_key[:, 0], l_key[:, 1]][None]
+        got[..., : 3 * num] += own
+        rows.append(got[pair])
+    return np.concatenate(rows)
+
+
+def _ends(order: list[tuple[int, int]], num: int) -> tuple[tuple, tuple]:
+    """In a device's order: the first step of each (stage, F or I/B) with the steps from it on
+    to the end, and the last step of each (stage, F or I/B) and the device's final step, with
+    the steps after it; each as (positions, keys [n, 2], counts [n, S, 3]). A W's first step
+    comes after its I's (a path from the I is longer), and after a W's last step nothing but
+    the device's own steps need run (the final step covers that)."""
+    keys = np.array(order)
+    code = keys[:, 0] * 3 + keys[:, 1]
+    done = np.cumsum(np.eye(3 * num)[code], axis=0)  # steps of each kind up to each position
+    total = done[-1]
+    _, first = np.unique(code, return_index=True)
+    _, last = np.unique(code[::-1], return_index=True)
+    last = len(code) - 1 - last
+    first = first[keys[first, 1] != 2]
+    last = np.union1d(last[keys[last, 1] != 2], [len(code) - 1])
+    ends = []
+    for pos, counts in ((first, total - done[first] + np.eye(3 * num)[code[first]]),
+                        (last, total - done[last])):  # fmt: skip
+        ends.append((pos, keys[pos], counts.reshape(-1, num, 3)))
+    return tuple(ends)
+
+
+@functools.lru_cache(maxsize=256)
+def _afters(num: int) -> np.ndarray:
+    """`_after` of every (stage, part), `[S, 3, 4 S - 1]`."""
+    return np.stack([[_after(num, t, part) for part in range(3)] for t in range(num)])
+
+
+def _after(num: int, stage: int, part: int) -> np.ndarray:
+    """Coefficients of what must still run after a device's last step, on the same
+    micro-batch: after an input-grad (or whole backward) at `stage` the ones below it with
+    their hops, then (split) stage 0's W; nothing after a W; after a forward the rest of the
+    way down and everything back."""
+    row = np.zeros(4 * num - 1)
+    below = np.arange(num) < stage
+    if part == 1:
+        row[num : 2 * num] = below
+        row[3 * num :] = below[: num - 1]
+    elif part == 0:
+        row[1 + stage : num] = 1.0
+        row[num : 2 * num] = 1.0
+        row[3 * num :] = 1.0 + (np.arange(num - 1) >= stage)
+    if (part != 2 and stage > 0) or part == 0:
+        row[2 * num] = 1.0  # stage 0's W (0 s when backwards are whole)
+    return row
 
 
 def first_reach_s(
@@ -361,7 +408,7 @@ TIMING_RULES: dict[str, TimingRule] = {
     "zero-bubble-v": TimingRule(
         _chunked_fill("v", True),
         _chunked_beat("v", turns=V_TURNS["zbv"]),
-        _chunked_few("v", True),
+        _chunked_few("v", True, turn_weight=True),
         _busy_devices("v", True),
         first_reach=True,
     ),
