@@ -4,7 +4,7 @@ hand-made pipelines of every schedule: both sides computed, nothing recorded."""
 import numpy as np
 import pytest
 
-from hetpp.cost.pipeline import first_reach_s, pipeline_time_s, weight_grad_s
+from hetpp.cost.pipeline import beat_s, first_reach_s, pipeline_time_s, weight_grad_s
 from hetpp.sim import simulate_pipeline
 from hetpp.specs.schedule import SCHEDULES
 
@@ -53,19 +53,32 @@ def test_first_reach_is_the_replay_of_one_micro_batch_through_a_loop():
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_closed_form_within_5_percent_with_a_slow_hop_and_few_micro_batches(name):
     # 2-4 devices, one chunk of f = 1/v, b = 2/v per stage (v chunks per device), a 100 ms hop
-    # in the middle (ten times the others), m from 3 (so m < 2D included) to 4D. Interleaved
-    # zero-bubble at m = 3-4 was 6-9% over here before `first_reach_s` replaced its
-    # few-micro-batch line. ZB-V at m = 1-2 is left out: its order puts W's on the first micro-batch's way
-    # back, which no line charges (up to 9% short; docs/benchmarks-sim.md).
+    # in the middle (ten times the others), every m torch takes from 1 (so m < 2D included) to
+    # 4D. Before this test's change interleaved zero-bubble at m = 3-4 was 6-9% over (its
+    # few-micro-batch line) and ZB-V at m = 1-2 5-9% short (the turn's W on the way back).
     spec = SCHEDULES[name]
     chunks = 1 if spec.placement == "one" else 2
     for num_devices in (2, 3, 4):
         num = num_devices * chunks
         f, b = [1.0 / chunks] * num, [2.0 / chunks] * num
         c = _hops(name, num_devices, chunks, 0.1)
-        for m in range(3, 4 * num_devices + 1):
+        for m in range(1, 4 * num_devices + 1):
             if spec.micro_batch_problem(num, num_devices, m):
                 continue
             sim = simulate_pipeline(f, b, c, m, name, num_devices).makespan_s
             closed = pipeline_time_s(f, b, c, m, name, num_devices)
             assert closed == pytest.approx(sim, rel=0.05), (num_devices, m)
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+def test_a_v_over_a_slow_hop_is_paced_by_its_ping_pong(name):
+    # 4 devices x 2 chunks of f = 0.3, b = 0.6 (1.8 s per device and micro-batch), 0.8-1.2 s
+    # between devices 1 and 2: the replay's beat (what 16 more micro-batches add, per
+    # micro-batch) is the hop's ping-pong cycle, above the busiest device's work
+    for hop in (0.8, 1.2):
+        f, b, c = [0.3] * 8, [0.6] * 8, _hops(name, 4, 2, hop)
+        t16, t32 = (simulate_pipeline(f, b, c, m, name, 4).makespan_s for m in (16, 32))
+        beat = beat_s(f, b, c, name, 4)
+        assert beat > 1.8 * 1.15
+        assert beat == pytest.approx((t32 - t16) / 16, rel=1e-9)
+        assert pipeline_time_s(f, b, c, 16, name, 4) == pytest.approx(t16, rel=0.05)
