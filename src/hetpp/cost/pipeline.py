@@ -254,60 +254,24 @@ def _busy_devices(placement: str, split_backward: bool):
 
 
 PARTS = {"F": 0, "B": 1, "I": 1, "W": 2}
-"""Index of a compute step's part in `_first_reach_paths` (a whole backward B counts as its
+"""Index of a compute step's part in `_device_steps` (a whole backward B counts as its
 input-grad part I, its W part then taking 0 s)."""
 
 
 @functools.lru_cache(maxsize=4096)
-def _first_reach_paths(name: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
-    """`first_reach_s`'s paths as rows of coefficients over the seconds
-    `x = [f_0..f_S-1, i_0.., w_0.., c_0..c_S-2]` (forward, input-grad, weight-grad per stage,
-    hops), so that the paths' lengths are `paths @ x`: one row per device and pair of
-    (stage, part)s it runs, the first micro-batch's way to the first part's first step in the
-    device's order, the device's steps from there to the second part's last step (counted
-    from the schedule's order), and what must run after that step (`_after`)."""
-    spec, num = SCHEDULES[name], num_devices * chunks
-    up = np.tril(np.ones((num, num)), -1)  # up[s, u] = 1 for u < s
-    way = np.zeros((num, 3, 4 * num - 1))  # the first micro-batch's way to (stage, part)
-    way[:, 0, :num], way[:, 0, 3 * num :] = up, up[:, : num - 1]
-    way[:, 1, :num] = 1.0  # every forward and hop, then the I's above s and the hops down to s
-    way[:, 1, num : 2 * num] = up.T
-    way[:, 1, 3 * num :] = 1.0 + up.T[:, : num - 1] + np.eye(num)[:, : num - 1]
-    way[:, 2] = way[:, 1]
-    way[:, 2, num : 2 * num] += np.eye(num)  # a W after its I
-    after = _afters(num)
-    rows = []
-    for d in range(num_devices):
-        order = [(s, PARTS[kind]) for kind, s, _ in spec.order(d, num_devices, chunks, m)]
-        (f_pos, f_key, f_left), (l_pos, l_key, l_left) = _ends(order, num)
-        pair = f_pos[:, None] <= l_pos[None, :]  # from the first (s, part) to the last (t, end)
-        own = (f_left[:, None] - l_left[None, :]).transpose(0, 1, 3, 2).reshape(*pair.shape, -1)
-        got = way[f_key[:, 0], f_key[:, 1]][:, None] + after[l_key[:, 0], l_key[:, 1]][None]
-        got[..., : 3 * num] += own
-        rows.append(got[pair])
-    return np.concatenate(rows)
-
-
-def _ends(order: list[tuple[int, int]], num: int) -> tuple[tuple, tuple]:
-    """In a device's order: the first step of each (stage, F or I/B) with the steps from it on
-    to the end, and the last step of each (stage, F or I/B) and the device's final step, with
-    the steps after it; each as (positions, keys [n, 2], counts [n, S, 3]). A W's first step
-    comes after its I's (a path from the I is longer), and after a W's last step nothing but
-    the device's own steps need run (the final step covers that)."""
-    keys = np.array(order)
-    code = keys[:, 0] * 3 + keys[:, 1]
-    done = np.cumsum(np.eye(3 * num)[code], axis=0)  # steps of each kind up to each position
-    total = done[-1]
-    _, first = np.unique(code, return_index=True)
-    _, last = np.unique(code[::-1], return_index=True)
-    last = len(code) - 1 - last
-    first = first[keys[first, 1] != 2]
-    last = np.union1d(last[keys[last, 1] != 2], [len(code) - 1])
-    ends = []
-    for pos, counts in ((first, total - done[first] + np.eye(3 * num)[code[first]]),
-                        (last, total - done[last])):  # fmt: skip
-        ends.append((pos, keys[pos], counts.reshape(-1, num, 3)))
-    return tuple(ends)
+def _device_steps(name: str, num_devices: int, chunks: int, m: int) -> tuple:
+    """Every device's compute steps in the schedule's order as `[D, L]` arrays: the step's
+    (stage, part) as `3 stage + part`, and its micro-batch; a device with fewer steps (some
+    backwards whole, others split) is padded at its end with `3 S`, a step of nothing."""
+    spec = SCHEDULES[name]
+    orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
+    size, pad = max(map(len, orders)), 3 * num_devices * chunks
+    code = np.full((num_devices, size), pad)
+    k = np.zeros((num_devices, size))
+    for d, o in enumerate(orders):
+        code[d, : len(o)] = [3 * s + PARTS[kind] for kind, s, _ in o]
+        k[d, : len(o)] = [j for _, _, j in o]
+    return code, k
 
 
 @functools.lru_cache(maxsize=256)
@@ -317,7 +281,7 @@ def _afters(num: int) -> np.ndarray:
 
 
 def _after(num: int, stage: int, part: int) -> np.ndarray:
-    """Coefficients of what must still run after a device's last step, on the same
+    """Coefficients over `[f, i, w, c]` of what must still run after a step, on its
     micro-batch: after an input-grad (or whole backward) at `stage` the ones below it with
     their hops, then (split) stage 0's W; nothing after a W; after a forward the rest of the
     way down and everything back."""
@@ -339,24 +303,37 @@ def first_reach_s(
     fwd_s: Times, bwd_s: Times, comm_s: Times, m: int, schedule: str, num_devices: int,
     weight_s: Times,
 ) -> float:  # fmt: skip
-    """A path through the replay for every (stage, part) a device runs: the part cannot start
-    before the first micro-batch's own path reaches it (forwards down every stage and hop,
-    then the input-grads, or whole backwards, back up to it; a W after its I), and from the
-    first such step in the device's order on the device still runs all its steps that follow
-    (its whole work less the steps before that one, counted from the schedule's order). The
-    largest of these is the few-micro-batch and fill bound of a multi-chunk schedule: the
-    device holding the last stages waits for the first forward to come down the pipeline,
-    device 0 for the first backward to come back, and whatever either has left then runs
-    one step after another. Links are taken as free beyond the first micro-batch's hops, so
-    it is a lower bound on the replay."""
+    """The longest of a family of paths through the replay, read off the schedule's order:
+    a step of a device, the device's steps from it up to a later one, then what must still
+    run after that one on its micro-batch (`_after`). A step cannot start before its
+    micro-batch's own way reaches it (forwards down every stage and hop, then the
+    input-grads, or whole backwards, back up to it; a W after its I), and micro-batch k's
+    no earlier than the first's plus k times the slowest stage or hop on that way: each stage
+    runs its micro-batches in order, and a link carries them in order. The device holding the
+    last stages waits for the forwards to come down the pipeline at the pace of its slowest
+    stage, device 0 for the first backward to come back, and whatever either has left then
+    runs one step after another. Links are free beyond that, so it is a lower bound on the
+    replay (exact for one micro-batch on a loop); `[D, L]` numpy over the devices' orders."""
     num = len(fwd_s)
-    x = np.concatenate([fwd_s, bwd_s, weight_s, comm_s])
-    if SCHEDULES[schedule].splits_backward:
-        x[num : 2 * num] -= x[2 * num : 3 * num]  # I = B - W
-    else:
-        x[2 * num : 3 * num] = 0.0  # whole backwards: B in the I slot, no W
-    paths = _first_reach_paths(schedule, num_devices, num // num_devices, m)
-    return float((paths @ x).max())
+    f, b = np.asarray(fwd_s, dtype=float), np.asarray(bwd_s, dtype=float)
+    w = np.asarray(weight_s, dtype=float) if SCHEDULES[schedule].splits_backward else 0.0 * b
+    i, c = b - w, np.asarray(comm_s, dtype=float)
+    f_start = np.concatenate([[0.0], np.cumsum(f[:-1] + c)])
+    i_start = f_start[-1] + f[-1] + np.concatenate([np.cumsum((i[1:] + c)[::-1])[::-1], [0.0]])
+    way = np.stack([f_start, i_start, i_start + i], axis=1)  # [stage, part]
+    down = np.maximum.accumulate(np.concatenate([f[:1], np.maximum(f[1:], c)]))
+    up = np.maximum.accumulate(np.concatenate([np.maximum(i[:-1], c), i[-1:]])[::-1])[::-1]
+    pace = np.maximum(up, down[-1])
+    pace = np.stack([down, pace, pace], axis=1)
+    took = np.stack([f, i, w], axis=1)
+    after = _afters(num) @ np.concatenate([f, i, w, c])  # [stage, part]
+    code, k = _device_steps(schedule, num_devices, num // num_devices, m)
+    dur = np.append(took, 0.0)[code]  # the padding takes nothing and starts nothing
+    done = np.cumsum(dur, axis=1)
+    start = np.append(way, -np.inf)[code] + k * np.append(pace, 0.0)[code] - (done - dur)
+    end = (done + np.append(after, 0.0)[code])[:, ::-1]
+    end = np.maximum.accumulate(end, axis=1)[:, ::-1]
+    return float((start + end).max())
 
 
 class TimingRule(NamedTuple):
@@ -381,18 +358,25 @@ class TimingRule(NamedTuple):
     first_reach: bool = False
     """The time never falls below `first_reach_s` (read off the schedule's order for the
     pipeline's m, so not a line: the planner's data balance does not see it)."""
+    steady_needs_hops: bool = False
+    """The first line holds only where the beat is above the busiest device's work (hops
+    join the lock-step): otherwise its fill charges every device the whole bubble, which the
+    devices with less work absorb, and the per-device paths and `first_reach_s` set the time
+    (interleaved 1F1B: up to 9% over the replay on the benchmark plans)."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
     "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
     "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
+    # no few-micro-batch line either: `first_reach_s` holds there, the line was up to 9% over
     "interleaved": TimingRule(
         _chunked_fill("loop", False),
         _chunked_beat("loop"),
-        _chunked_few("loop", False),
+        None,
         _busy_devices("loop", False),
         _one_round(False),
         first_reach=True,
+        steady_needs_hops=True,
     ),
     # no few-micro-batch line: it charged the first micro-batch's whole path and then a beat
     # share per further one, up to 10% over the replay on the benchmark plans with m <= D;
@@ -467,6 +451,9 @@ def pipeline_time_s(
         lines = rule.one_round(*args)
     else:
         lines = [(rule.fill(*args), rule.beat(*args))]
+        busiest = _busiest_s(fwd_s, bwd_s, "loop", args[3]) if rule.steady_needs_hops else 0.0
+        if rule.steady_needs_hops and lines[0][1] <= busiest * (1 + 1e-9):  # (a loop's rule)
+            lines = []
     lines += [rule.few(*args)] if rule.few else []
     lines += rule.paths(*args) if rule.paths else []
     time = max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines)
