@@ -63,9 +63,9 @@ def per_call_us(mod, items: list[tuple], calls: int, repeat: int) -> float:
 
 
 def cold_us(items: list[tuple]) -> float:
-    if not hasattr(current, "_first_reach_paths"):
+    if not hasattr(current, "_device_steps"):
         return 0.0
-    current._first_reach_paths.cache_clear()
+    current._device_steps.cache_clear()
     t0 = time.process_time()
     for args in items:
         current.pipeline_time_s(*args)
