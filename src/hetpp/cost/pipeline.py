@@ -443,8 +443,9 @@ def pipeline_time_s(
     finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
     `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
     steady one (in one round of an interleaved schedule, the flow-line path instead), the
-    one for few micro-batches, one per device kept busy throughout, and (`first_reach_s`) one
-    per step of the schedule's order that the first micro-batch has to reach."""
+    one for few micro-batches (V schedules), one per device kept busy throughout, and the
+    paths read off the schedule's order (`first_reach_s`); on a loop the steady one only
+    where hops pace it (`TimingRule.steady_needs_hops`)."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
     if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
