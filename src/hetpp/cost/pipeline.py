@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -93,7 +94,7 @@ def _busiest_s(fwd_s: Times, bwd_s: Times, placement: str, num_devices: int) -> 
     return float(_device_work(fwd_s, bwd_s, placement, num_devices).max())
 
 
-def _chunked_beat(placement: str, split_backward: bool = False):
+def _chunked_beat(placement: str, split_backward: bool = False, turns: tuple | None = None):
     def beat(fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times) -> float:
         """The busiest device's work over all its chunks, or, on a loop, a lock-step window
         of devices with the transfers inside it where that is longer. In a loop's steady state
@@ -105,6 +106,8 @@ def _chunked_beat(placement: str, split_backward: bool = False):
         device's W is on the cycle. Without transfers the windows never beat the busiest
         device; a slow hop adds itself to every micro-batch (on the 10 Gb/s cluster 27%)."""
         busiest = _busiest_s(fwd_s, bwd_s, placement, num_devices)
+        if turns and num_devices > 1 and any(comm_s):  # a V: its hops' ping-pong
+            return max(busiest, _v_hop_cycle(fwd_s, bwd_s, comm_s, num_devices, weight_s, turns))
         d = num_devices
         if placement != "loop" or d < 2 or not any(comm_s):
             return busiest
@@ -116,6 +119,42 @@ def _chunked_beat(placement: str, split_backward: bool = False):
         return v * _window_beat(step, hop, 1 if split_backward else 2, left)
 
     return beat
+
+
+V_TURNS = {
+    "zbv": ("F", "I", 0, "F", "I", 1),
+    "dualpipev": ("B", "F", 1, "B", "F", 0),
+}
+"""Per V schedule, the two steps a device runs in its steady state between the pair of
+messages it waits for from a neighbour and the pair it sends back (`_v_hop_cycle`): the
+deeper device's (kinds, chunk), then the shallower one's; read off the replay's timelines
+(ZB-V: chunk 0's F then I on the deeper device, chunk 1's on the shallower; DualPipeV: chunk
+1's B then F on the deeper, chunk 0's on the shallower)."""
+
+
+def _v_hop_cycle(
+    fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times, turns: tuple
+) -> float:
+    """A V crosses each hop four times per micro-batch, chunk 0's activation and chunk 1's
+    gradient one way, the other two back, and in steady state a device issues the two messages
+    of a direction back to back: the second waits for the first on the link, and the device on
+    the other side, which needs it, then runs two steps (`V_TURNS`) before it sends its own
+    pair back. So each pair of neighbours plays ping-pong over their hop, a cycle of two
+    micro-batches holding 4 transfers and the two steps on each side; per micro-batch the
+    largest `(4 c + the four steps) / 2`. It hides behind the busiest device's work unless the
+    hop is slow (gpt3-1.3b on 8 A100s over 10 Gb/s, one 26.9 ms hop: the replay's beat is this
+    cycle, ZB-V 11% and DualPipeV 25% over the busiest device's)."""
+    d, last = num_devices, 2 * num_devices - 1
+    i = [b - w for b, w in zip(bwd_s, weight_s)]
+    took = {"F": fwd_s, "B": bwd_s, "I": i}
+    deep_a, deep_b, deep_chunk, low_a, low_b, low_chunk = turns
+    best = 0.0
+    for k in range(d - 1):  # the hop between devices k and k + 1
+        deep = k + 1 if deep_chunk == 0 else last - (k + 1)
+        low = k if low_chunk == 0 else last - k
+        steps = took[deep_a][deep] + took[deep_b][deep] + took[low_a][low] + took[low_b][low]
+        best = max(best, (4 * comm_s[k] + steps) / 2)
+    return float(best)
 
 
 def _chunked_fill(placement: str, split_backward: bool):
@@ -140,15 +179,17 @@ def _chunked_fill(placement: str, split_backward: bool):
     return fill
 
 
-def _chunked_few(placement: str, split_backward: bool):
+def _chunked_few(placement: str, split_backward: bool, turn_weight: bool = False):
     def few(
         fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
     ) -> tuple[float, float]:
         """With fewer micro-batches than it takes to fill the loop (interleaved: m < D; ZB-V:
         m < 2D - 1) the schedules cannot reach their steady state: the first micro-batch's
-        whole path (its weight-grads, when split, left to the end but the first stage's), then
-        each further one a chunk's share of the beat (a split backward's share: the beat less
-        the busiest device's weight-grads, which wait for the drain)."""
+        whole path (its weight-grads, when split, left to the end but the first stage's, and,
+        `turn_weight`, the V turn's: ZB-V's order runs stage D's W before stage D-1's
+        input-grad on the turning device), then each further one a chunk's share of the beat
+        (a split backward's share: the beat less the busiest device's weight-grads, which wait
+        for the drain)."""
         v = len(fwd_s) / num_devices
         beat = _busiest_s(fwd_s, bwd_s, placement, num_devices)
         path = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
@@ -158,7 +199,8 @@ def _chunked_few(placement: str, split_backward: bool):
         spec = next(s for s in SCHEDULES.values() if s.placement == placement)
         for s, w in enumerate(weight_s):
             weights[spec.device_index(s, num_devices)] += w
-        return float(path - sum(weight_s) + weight_s[0]), float(beat - weights.max())
+        kept = weight_s[0] + (weight_s[num_devices] if turn_weight else 0.0)
+        return float(path - sum(weight_s) + kept), float(beat - weights.max())
 
     return few
 
@@ -211,6 +253,89 @@ def _busy_devices(placement: str, split_backward: bool):
     return lines
 
 
+PARTS = {"F": 0, "B": 1, "I": 1, "W": 2}
+"""Index of a compute step's part in `_device_steps` (a whole backward B counts as its
+input-grad part I, its W part then taking 0 s)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_steps(name: str, num_devices: int, chunks: int, m: int) -> tuple:
+    """Every device's compute steps in the schedule's order as `[D, L]` arrays: the step's
+    (stage, part) as `3 stage + part`, and its micro-batch; a device with fewer steps (some
+    backwards whole, others split) is padded at its end with `3 S`, a step of nothing."""
+    spec = SCHEDULES[name]
+    orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
+    size, pad = max(map(len, orders)), 3 * num_devices * chunks
+    code = np.full((num_devices, size), pad)
+    k = np.zeros((num_devices, size))
+    for d, o in enumerate(orders):
+        code[d, : len(o)] = [3 * s + PARTS[kind] for kind, s, _ in o]
+        k[d, : len(o)] = [j for _, _, j in o]
+    return code, k
+
+
+@functools.lru_cache(maxsize=256)
+def _afters(num: int) -> np.ndarray:
+    """`_after` of every (stage, part), `[S, 3, 4 S - 1]`."""
+    return np.stack([[_after(num, t, part) for part in range(3)] for t in range(num)])
+
+
+def _after(num: int, stage: int, part: int) -> np.ndarray:
+    """Coefficients over `[f, i, w, c]` of what must still run after a step, on its
+    micro-batch: after an input-grad (or whole backward) at `stage` the ones below it with
+    their hops, then (split) stage 0's W; nothing after a W; after a forward the rest of the
+    way down and everything back."""
+    row = np.zeros(4 * num - 1)
+    below = np.arange(num) < stage
+    if part == 1:
+        row[num : 2 * num] = below
+        row[3 * num :] = below[: num - 1]
+    elif part == 0:
+        row[1 + stage : num] = 1.0
+        row[num : 2 * num] = 1.0
+        row[3 * num :] = 1.0 + (np.arange(num - 1) >= stage)
+    if (part != 2 and stage > 0) or part == 0:
+        row[2 * num] = 1.0  # stage 0's W (0 s when backwards are whole)
+    return row
+
+
+def first_reach_s(
+    fwd_s: Times, bwd_s: Times, comm_s: Times, m: int, schedule: str, num_devices: int,
+    weight_s: Times,
+) -> float:  # fmt: skip
+    """The longest of a family of paths through the replay, read off the schedule's order:
+    a step of a device, the device's steps from it up to a later one, then what must still
+    run after that one on its micro-batch (`_after`). A step cannot start before its
+    micro-batch's own way reaches it (forwards down every stage and hop, then the
+    input-grads, or whole backwards, back up to it; a W after its I), and micro-batch k's
+    no earlier than the first's plus k times the slowest stage or hop on that way: each stage
+    runs its micro-batches in order, and a link carries them in order. The device holding the
+    last stages waits for the forwards to come down the pipeline at the pace of its slowest
+    stage, device 0 for the first backward to come back, and whatever either has left then
+    runs one step after another. Links are free beyond that, so it is a lower bound on the
+    replay (exact for one micro-batch on a loop); `[D, L]` numpy over the devices' orders."""
+    num = len(fwd_s)
+    f, b = np.asarray(fwd_s, dtype=float), np.asarray(bwd_s, dtype=float)
+    w = np.asarray(weight_s, dtype=float) if SCHEDULES[schedule].splits_backward else 0.0 * b
+    i, c = b - w, np.asarray(comm_s, dtype=float)
+    f_start = np.concatenate([[0.0], np.cumsum(f[:-1] + c)])
+    i_start = f_start[-1] + f[-1] + np.concatenate([np.cumsum((i[1:] + c)[::-1])[::-1], [0.0]])
+    way = np.stack([f_start, i_start, i_start + i], axis=1)  # [stage, part]
+    down = np.maximum.accumulate(np.concatenate([f[:1], np.maximum(f[1:], c)]))
+    up = np.maximum.accumulate(np.concatenate([np.maximum(i[:-1], c), i[-1:]])[::-1])[::-1]
+    pace = np.maximum(up, down[-1])
+    pace = np.stack([down, pace, pace], axis=1)
+    took = np.stack([f, i, w], axis=1)
+    after = _afters(num) @ np.concatenate([f, i, w, c])  # [stage, part]
+    code, k = _device_steps(schedule, num_devices, num // num_devices, m)
+    dur = np.append(took, 0.0)[code]  # the padding takes nothing and starts nothing
+    done = np.cumsum(dur, axis=1)
+    start = np.append(way, -np.inf)[code] + k * np.append(pace, 0.0)[code] - (done - dur)
+    end = (done + np.append(after, 0.0)[code])[:, ::-1]
+    end = np.maximum.accumulate(end, axis=1)[:, ::-1]
+    return float((start + end).max())
+
+
 class TimingRule(NamedTuple):
     """How a schedule's pipeline time `fill + (m - 1) * beat` is made. All take
     `(fwd_s, bwd_s, comm_s, num_devices, weight_s)` (per stage; `weight_s` is the W part of each
@@ -230,30 +355,53 @@ class TimingRule(NamedTuple):
     """For interleaved schedules whose micro-batches make one round (`m < 2D`): lines that
     replace the first, since no steady state forms; the chunks run as flow lines one after
     another."""
+    first_reach: bool = False
+    """The time never falls below `first_reach_s` (read off the schedule's order for the
+    pipeline's m, so not a line: the planner's data balance does not see it)."""
+    steady_needs_hops: bool = False
+    """The first line holds only where the beat is above the busiest device's work (hops
+    join the lock-step): otherwise its fill charges every device the whole bubble, which the
+    devices with less work absorb, and the per-device paths and `first_reach_s` set the time
+    (interleaved 1F1B: up to 9% over the replay on the benchmark plans)."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
     "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
     "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
+    # no few-micro-batch line either: `first_reach_s` holds there, the line was up to 9% over
     "interleaved": TimingRule(
         _chunked_fill("loop", False),
         _chunked_beat("loop"),
-        _chunked_few("loop", False),
+        None,
         _busy_devices("loop", False),
         _one_round(False),
+        first_reach=True,
+        steady_needs_hops=True,
     ),
+    # no few-micro-batch line: it charged the first micro-batch's whole path and then a beat
+    # share per further one, up to 10% over the replay on the benchmark plans with m <= D;
+    # `first_reach_s` is a path through the replay there (docs/benchmarks-sim.md)
     "zero-bubble": TimingRule(
         _chunked_fill("loop", True),
         _chunked_beat("loop", True),
-        _chunked_few("loop", True),
+        None,
         _busy_devices("loop", True),
         _one_round(True),
+        first_reach=True,
     ),
     "zero-bubble-v": TimingRule(
         _chunked_fill("v", True),
-        _chunked_beat("v"),
+        _chunked_beat("v", turns=V_TURNS["zbv"]),
+        _chunked_few("v", True, turn_weight=True),
+        _busy_devices("v", True),
+        first_reach=True,
+    ),
+    "dualpipe-v": TimingRule(
+        _chunked_fill("v", True),
+        _chunked_beat("v", turns=V_TURNS["dualpipev"]),
         _chunked_few("v", True),
         _busy_devices("v", True),
+        first_reach=True,
     ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
@@ -295,16 +443,27 @@ def pipeline_time_s(
     finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
     `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
     steady one (in one round of an interleaved schedule, the flow-line path instead), the
-    one for few micro-batches, and one per device kept busy throughout."""
+    one for few micro-batches (V schedules), one per device kept busy throughout, and the
+    paths read off the schedule's order (`first_reach_s`); on a loop the steady one only
+    where hops pace it (`TimingRule.steady_needs_hops`)."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
     if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
         lines = rule.one_round(*args)
     else:
         lines = [(rule.fill(*args), rule.beat(*args))]
+        busiest = _busiest_s(fwd_s, bwd_s, "loop", args[3]) if rule.steady_needs_hops else 0.0
+        if rule.steady_needs_hops and lines[0][1] <= busiest * (1 + 1e-9):  # (a loop's rule)
+            lines = []
     lines += [rule.few(*args)] if rule.few else []
     lines += rule.paths(*args) if rule.paths else []
-    return float(max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines))
+    time = max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines)
+    if rule.first_reach:
+        fwd, bwd, comm, d_count, weight = args
+        time = max(
+            time, first_reach_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
+        )
+    return float(time)
 
 
 def steady_time_s(fill_s, beat_s, num_micro_batches):
