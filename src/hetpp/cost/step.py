@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -84,9 +85,13 @@ class StepCost:
 
     @property
     def fits(self) -> bool:
-        return all(s.fits for s in self.stages) and all(
-            m.total <= cap for m, cap in device_memories(self.stages).values()
-        )
+        """Every stage, and every device over the stages it runs, within its memory (a device
+        of one stage holds just that stage's: only those of several are summed again)."""
+        if not all(s.fits for s in self.stages):
+            return False
+        runs = Counter(s.device for s in self.stages)
+        shared = [s for s in self.stages if runs[s.device] > 1]
+        return all(m.total <= cap for m, cap in device_memories(shared).values())
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -355,7 +360,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     own: dict[int, list[StageCost]] = {}  # each device's stages, in order (one pass)
     for s in stages:
         own.setdefault(s.device, []).append(s)
-    opt = {d: device_optimizer_time_s(cm, own[d], plan.optimizer_shards) for d in end}
+    opt = _optimizer_times(cm, own, plan.optimizer_shards)
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     order = gathers(plan, cm)
@@ -373,6 +378,25 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
             for (owners, blocks, nbytes, _), t in zip(order, gathered)
         ),
     )
+
+
+def _optimizer_times(
+    cm: CostModel, own: dict[int, list[StageCost]], shards: int
+) -> dict[int, float]:
+    """`device_optimizer_time_s` of every device, once per kind of device (memory bandwidth and
+    the layers and TP degree of its stages): a large plan has thousands of devices of a few
+    kinds."""
+    seen: dict[tuple, float] = {}
+    out = {}
+    for d, stages in own.items():
+        key = (
+            cm.cluster.gpu(stages[0].device).mem_bw_bytes_per_s,
+            tuple((st.layers, st.tp) for st in stages),
+        )
+        if key not in seen:
+            seen[key] = device_optimizer_time_s(cm, stages, shards)
+        out[d] = seen[key]
+    return out
 
 
 def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:

@@ -8,6 +8,7 @@ those arrays (numpy), with no Python loop over layers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -60,13 +61,21 @@ class StageTables:
         in_flight, micro_batches = load
         mem = self.mem_fixed + in_flight * self.mem_per_in_flight
         ok = mem + micro_batches * self.mem_per_step_micro_batch <= self.capacity
-        return np.triu(ok, 1)
+        return ok & _upper(len(ok))
 
     def masked_time(self, load: Load) -> np.ndarray:
         """`time` where the range fits under `load`, else inf (cached)."""
         if load not in self._masked:
             self._masked[load] = np.where(self.fits(load), self.time, np.inf)
         return self._masked[load]
+
+
+@functools.lru_cache(maxsize=64)
+def _upper(n: int) -> np.ndarray:
+    """The n x n mask of a < b (`np.triu(ones, 1)`, built once per size)."""
+    mask = np.triu(np.ones((n, n), dtype=bool), 1)
+    mask.flags.writeable = False  # shared by every caller
+    return mask
 
 
 def stage_tables(cm: CostModel, costs: LayerCosts) -> StageTables:
@@ -99,10 +108,22 @@ def max_micro_batches(
     num = len(tables)
 
     def stage_cap(s: int, t: StageTables, a: int, b: int) -> int:
-        def mem(m: int) -> float:
-            return t.memory(a, b, (schedule.in_flight(s, num, m), m))
+        if schedule.placement != "one":
 
-        return most_micro_batches(mem, t.capacity, limit)
+            def mem(m: int) -> float:
+                return t.memory(a, b, (schedule.in_flight(s, num, m), m))
+
+            return most_micro_batches(mem, t.capacity, limit)
+        # One stage per device: `in_flight` is min(m, S - s) or m; `StageTables.memory` with
+        # its terms read once (the same float operations, so the same bytes).
+        fixed, per_in_flight = float(t.mem_fixed[a, b]), float(t.mem_per_in_flight[a, b])
+        per_step = float(t.mem_per_step_micro_batch[a, b])
+        most = num - s if schedule.bounded_in_flight else limit
+
+        def one(m: int) -> float:
+            return fixed + min(m, most) * per_in_flight + m * per_step
+
+        return most_micro_batches(one, t.capacity, limit)
 
     spans = zip(tables, bounds, bounds[1:])
     return min(stage_cap(s, t, a, b) for s, (t, a, b) in enumerate(spans))
