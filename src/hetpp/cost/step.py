@@ -174,13 +174,23 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     with a TP stage (its layer costs depend on its group's own link)."""
     if pipe.has_tp:
         return None
-    cl, pairs = cm.cluster, list(itertools.pairwise(pipe.stages))
+    devices = tuple(x.device for x in pipe.stages)
+    placed = cm.pipeline_memo.get(("devices", devices))
+    if placed is None:  # what the devices decide, the same for every count and schedule
+        cl, pairs = cm.cluster, list(itertools.pairwise(devices))
+        placed = cm.pipeline_memo[("devices", devices)] = (
+            tuple(cl.gpu(d).name.lower() for d in devices),
+            tuple(p2p_link(cl, a, b) for a, b in pairs),
+            tuple(a == b for a, b in pairs),
+            len(set(devices)),
+        )
+    names, links, same, num_devices = placed
     return (
         "kind",
-        tuple((cl.gpu(x.device).name.lower(), x.layers, x.recompute) for x in pipe.stages),
-        tuple(p2p_link(cl, a.device, b.device) for a, b in pairs),
-        tuple(a.device == b.device for a, b in pairs),
-        len(pipe.devices),
+        tuple((n, x.layers, x.recompute) for n, x in zip(names, pipe.stages)),
+        links,
+        same,
+        num_devices,
         pipe.schedule,
         pipe.micro_batch_size,
         pipe.num_micro_batches,
