@@ -393,16 +393,13 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
 def _optimizer_times(
     cm: CostModel, own: dict[int, list[StageCost]], shards: int
 ) -> dict[int, float]:
-    """`device_optimizer_time_s` of every device, once per kind of device (memory bandwidth and
-    the layers and TP degree of its stages): a large plan has thousands of devices of a few
+    """`device_optimizer_time_s` of every device, once per kind of device (GPU type, and the
+    layers and TP degree of its stages): a large plan has thousands of devices of a few
     kinds."""
     seen: dict[tuple, float] = {}
     out = {}
     for d, stages in own.items():
-        key = (
-            cm.cluster.gpu(stages[0].device).mem_bw_bytes_per_s,
-            tuple((st.layers, st.tp) for st in stages),
-        )
+        key = (stages[0].gpu, tuple((st.layers, st.tp) for st in stages))
         if key not in seen:
             seen[key] = device_optimizer_time_s(cm, stages, shards)
         out[d] = seen[key]

@@ -97,13 +97,20 @@ def _shares(
         return None
     sizes = [1] * len(ids)
     pools = problem.pools
-    heap = [(_sample_s(cm, pools[k], 2), i) for i, k in enumerate(keys) if caps[k] > 1]
+    seen: dict[tuple[str, int], float] = {}  # devices of one type ask the same sizes
+
+    def sample_s(key: str, size: int) -> float:
+        if (key, size) not in seen:
+            seen[(key, size)] = _sample_s(cm, pools[key], size)
+        return seen[(key, size)]
+
+    heap = [(sample_s(k, 2), i) for i, k in enumerate(keys) if caps[k] > 1]
     heapq.heapify(heap)
     for _ in range(samples - len(ids)):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < caps[keys[i]]:
-            heapq.heappush(heap, (_sample_s(cm, pools[keys[i]], sizes[i] + 1), i))
+            heapq.heappush(heap, (sample_s(keys[i], sizes[i] + 1), i))
     return sizes
 
 

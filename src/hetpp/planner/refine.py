@@ -31,7 +31,7 @@ from hetpp.planner.assemble import layout_key
 from hetpp.planner.layout import Layout, layout_time
 from hetpp.planner.multisets import composition
 from hetpp.planner.shapes import ShapeContext, TemplateCost
-from hetpp.planner.tail import layout_tail, tail_floor_s
+from hetpp.planner.tail import layout_tail
 
 ROUNDS = 12
 """Most improving moves taken from one start."""
@@ -60,12 +60,10 @@ def refine(ctx: ShapeContext, layout: Layout) -> list[Layout]:
             for n in _neighbours(ctx, layout, wide):
                 key = layout_key(n)
                 if key not in seen:
-                    # The tail is at least its longest optimizer step (`tail_floor_s`): a
-                    # layout whose balanced time plus that does not beat the best cannot win,
-                    # now or in a later round (the best only falls).
+                    # The tail is never negative: a layout whose balanced time alone does not
+                    # beat the best cannot win, now or in a later round (the best only falls).
                     t = layout_time(n, total, use_tail=False)
-                    floor = t + tail_floor_s(n)
-                    seen[key] = t + layout_tail(ctx, n) if floor < best * (1 - 1e-9) else floor
+                    seen[key] = t + layout_tail(ctx, n) if t < best * (1 - 1e-9) else t
                 if seen[key] < best * (1 - 1e-9):
                     scored.append((seen[key], n))
             if scored:

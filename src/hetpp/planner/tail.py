@@ -67,13 +67,6 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     return step_end_s(free, dict.fromkeys(free, 0.0), opt, gathers)
 
 
-def tail_floor_s(layout: list[tuple[TemplateCost, int]]) -> float:
-    """A lower bound on `layout_tail`: every stage steps its optimizer once the pipelines have
-    ended (the step end counts from there, 0), so no tail is shorter than the longest
-    optimizer step of the stages used."""
-    return max(max(t.opt_s) for t, _ in layout)
-
-
 def _tied(ctx: ShapeContext, layout, link: Link) -> list[tuple[list[Group], float]]:
     """Tied embedding/head: first and last stages of every pipeline also sum that matrix."""
     extra = tied_copy_params(ctx.cm.model)
