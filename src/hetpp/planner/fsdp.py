@@ -116,9 +116,12 @@ def _shares(
 
 def _plan(problem: Problem, rc: bool, ids: Sequence[int], sizes: Sequence[int], m: int) -> Plan:
     whole = (0, problem.layer_list_len)
+    # Unvalidated: every field is valid by construction (a device id, the whole layer list, a
+    # size and a count of at least 1), and validating one pipeline per device, thousands per
+    # candidate on a large cluster, was most of this family's search (the Plan is validated).
     pipelines = tuple(
-        PipelinePlan(
-            stages=(StagePlan(devices=(d,), layers=whole),),
+        PipelinePlan.model_construct(
+            stages=(StagePlan.model_construct(devices=(d,), layers=whole),),
             micro_batch_size=b,
             num_micro_batches=m,
         )
