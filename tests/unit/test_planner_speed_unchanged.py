@@ -11,9 +11,12 @@ The expected costs were computed by the code before that work (commit ebc6d21), 
 alter the search's plans or the cost model (not its speed) reprints them with the same command
 on its own tree and says so. Reprinted so once: lab-64's plan improved from 6.648145467030393 s
 to 6.515762989326795 s when the two-type pass took the count DP's mixed shapes (merge of the
-`quality` branch, issue 12); the other three rows are ebc6d21's. Reprinted again when 1F1B
-stages were charged their live receive buffers only (branch recvbuf): lab-64 6.515762989326795 s
--> 6.325063125116907 s (less memory per stage); the other rows are unchanged."""
+`quality` branch, issue 12); the other three rows are ebc6d21's. The sharded row (optimizer
+sharding, which the later speed work's per-kind optimizer steps and layout tails also read)
+was computed by af47e1a's code the same way. Reprinted again when 1F1B stages were charged
+their live receive buffers only (branch recvbuf): lab-64 6.515762989326795 s ->
+6.325063125116907 s (less memory per stage); the other rows are unchanged (printed by the tree
+of that merge, before the second speed round was merged)."""
 
 from __future__ import annotations
 
@@ -27,30 +30,32 @@ from hetpp.specs import TrainSpec, load_cluster, load_model
 SCENARIOS = Path(__file__).parents[2] / "bench" / "scenarios"
 
 EXPECTED = [
-    ("mixed-8", "gpt3-1.3b", 64, 1.1878759165391406),
-    ("gen-16", "llama2-7b", 64, 1.5114927832243115),
-    ("edu-32", "gpt3-13b", 128, 11.057640436674578),
-    ("lab-64", "gpt3-13b", 256, 6.325063125116907),
+    ("mixed-8", "gpt3-1.3b", 64, "none", 1.1878759165391406),
+    ("gen-16", "llama2-7b", 64, "none", 1.5114927832243115),
+    ("edu-32", "gpt3-13b", 128, "none", 11.057640436674578),
+    ("lab-64", "gpt3-13b", 256, "none", 6.325063125116907),
+    ("gen-16", "llama2-7b", 64, "optimizer", 1.5088220917091384),
 ]
 
 
-def _search(cluster: str, model: str, batch: int):
+def _search(cluster: str, model: str, batch: int, sharding: str):
     problem = Problem(
         load_model(model, 2048),
         load_cluster(SCENARIOS / f"{cluster}.yaml"),
         TrainSpec(global_batch=batch, seq_len=2048),
+        sharding_mode=sharding,
     )
     return plan(problem, "best")
 
 
-@pytest.mark.parametrize(("cluster", "model", "batch", "step_s"), EXPECTED)
-def test_default_search_plan_cost_unchanged(cluster, model, batch, step_s):
-    got = _search(cluster, model, batch)
+@pytest.mark.parametrize(("cluster", "model", "batch", "sharding", "step_s"), EXPECTED)
+def test_default_search_plan_cost_unchanged(cluster, model, batch, sharding, step_s):
+    got = _search(cluster, model, batch, sharding)
     assert got.feasible
     assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
 
 
 if __name__ == "__main__":
-    for cluster, model, batch, _ in EXPECTED:
-        got = _search(cluster, model, batch).iteration_time_s
-        print(f'    ("{cluster}", "{model}", {batch}, {got!r}),', flush=True)
+    for cluster, model, batch, sharding, _ in EXPECTED:
+        got = _search(cluster, model, batch, sharding).iteration_time_s
+        print(f'    ("{cluster}", "{model}", {batch}, "{sharding}", {got!r}),', flush=True)

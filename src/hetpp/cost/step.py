@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -84,9 +85,13 @@ class StepCost:
 
     @property
     def fits(self) -> bool:
-        return all(s.fits for s in self.stages) and all(
-            m.total <= cap for m, cap in device_memories(self.stages).values()
-        )
+        """Every stage, and every device over the stages it runs, within its memory (a device
+        of one stage holds just that stage's: only those of several are summed again)."""
+        if not all(s.fits for s in self.stages):
+            return False
+        runs = Counter(s.device for s in self.stages)
+        shared = [s for s in self.stages if runs[s.device] > 1]
+        return all(m.total <= cap for m, cap in device_memories(shared).values())
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -169,13 +174,23 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     with a TP stage (its layer costs depend on its group's own link)."""
     if pipe.has_tp:
         return None
-    cl, pairs = cm.cluster, list(itertools.pairwise(pipe.stages))
+    devices = tuple(x.device for x in pipe.stages)
+    placed = cm.pipeline_memo.get(("devices", devices))
+    if placed is None:  # what the devices decide, the same for every count and schedule
+        cl, pairs = cm.cluster, list(itertools.pairwise(devices))
+        placed = cm.pipeline_memo[("devices", devices)] = (
+            tuple(cl.gpu(d).name.lower() for d in devices),
+            tuple(p2p_link(cl, a, b) for a, b in pairs),
+            tuple(a == b for a, b in pairs),
+            len(set(devices)),
+        )
+    names, links, same, num_devices = placed
     return (
         "kind",
-        tuple((cl.gpu(x.device).name.lower(), x.layers, x.recompute) for x in pipe.stages),
-        tuple(p2p_link(cl, a.device, b.device) for a, b in pairs),
-        tuple(a.device == b.device for a, b in pairs),
-        len(pipe.devices),
+        tuple((n, x.layers, x.recompute) for n, x in zip(names, pipe.stages)),
+        links,
+        same,
+        num_devices,
         pipe.schedule,
         pipe.micro_batch_size,
         pipe.num_micro_batches,
@@ -356,7 +371,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     own: dict[int, list[StageCost]] = {}  # each device's stages, in order (one pass)
     for s in stages:
         own.setdefault(s.device, []).append(s)
-    opt = {d: device_optimizer_time_s(cm, own[d], plan.optimizer_shards) for d in end}
+    opt = _optimizer_times(cm, own, plan.optimizer_shards)
     compute_end = max(times)
     sync_end = max(max(end[d], pipe_end[d]) for d in end)
     order = gathers(plan, cm)
@@ -374,6 +389,22 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
             for (owners, blocks, nbytes, _), t in zip(order, gathered)
         ),
     )
+
+
+def _optimizer_times(
+    cm: CostModel, own: dict[int, list[StageCost]], shards: int
+) -> dict[int, float]:
+    """`device_optimizer_time_s` of every device, once per kind of device (GPU type, and the
+    layers and TP degree of its stages): a large plan has thousands of devices of a few
+    kinds."""
+    seen: dict[tuple, float] = {}
+    out = {}
+    for d, stages in own.items():
+        key = (stages[0].gpu, tuple((st.layers, st.tp) for st in stages))
+        if key not in seen:
+            seen[key] = device_optimizer_time_s(cm, stages, shards)
+        out[d] = seen[key]
+    return out
 
 
 def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:

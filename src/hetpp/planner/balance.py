@@ -136,14 +136,13 @@ def balanced_time(
     ]
     times = np.unique(np.concatenate(steps))
     times = times[(times > left) & (times <= right)]
-    a, b = 0, len(times) - 1
-    while a < b:
-        mid = (a + b) // 2
-        if enough(float(times[mid])):
-            b = mid
-        else:
-            a = mid + 1
-    return float(times[a]) if len(times) and enough(float(times[a])) else right
+    if not len(times):
+        return right
+    # `enough` is monotone in t: the first step time that is enough, all checked at once
+    # (what a binary search over them finds; capacities are whole numbers, so their sums are
+    # exact in any order)
+    ok = _reaches_total(capacities(times[:, None], base, beat, lo, hi), lo, count, total)
+    return float(times[np.argmax(ok)]) if ok.any() else right
 
 
 def allocate(groups: Sequence[PipelineGroup], total: int) -> tuple[float, list[list[int]]] | None:

@@ -97,21 +97,31 @@ def _shares(
         return None
     sizes = [1] * len(ids)
     pools = problem.pools
-    heap = [(_sample_s(cm, pools[k], 2), i) for i, k in enumerate(keys) if caps[k] > 1]
+    seen: dict[tuple[str, int], float] = {}  # devices of one type ask the same sizes
+
+    def sample_s(key: str, size: int) -> float:
+        if (key, size) not in seen:
+            seen[(key, size)] = _sample_s(cm, pools[key], size)
+        return seen[(key, size)]
+
+    heap = [(sample_s(k, 2), i) for i, k in enumerate(keys) if caps[k] > 1]
     heapq.heapify(heap)
     for _ in range(samples - len(ids)):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < caps[keys[i]]:
-            heapq.heappush(heap, (_sample_s(cm, pools[keys[i]], sizes[i] + 1), i))
+            heapq.heappush(heap, (sample_s(keys[i], sizes[i] + 1), i))
     return sizes
 
 
 def _plan(problem: Problem, rc: bool, ids: Sequence[int], sizes: Sequence[int], m: int) -> Plan:
     whole = (0, problem.layer_list_len)
+    # Unvalidated: every field is valid by construction (a device id, the whole layer list, a
+    # size and a count of at least 1), and validating one pipeline per device, thousands per
+    # candidate on a large cluster, was most of this family's search (the Plan is validated).
     pipelines = tuple(
-        PipelinePlan(
-            stages=(StagePlan(devices=(d,), layers=whole),),
+        PipelinePlan.model_construct(
+            stages=(StagePlan.model_construct(devices=(d,), layers=whole),),
             micro_batch_size=b,
             num_micro_batches=m,
         )

@@ -8,6 +8,7 @@ those arrays (numpy), with no Python loop over layers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,13 +66,21 @@ class StageTables:
         mem = self.mem_fixed + in_flight * self.mem_per_in_flight
         mem = mem + acts * self.mem_per_activation_buffer + grads * self.mem_per_gradient_buffer
         ok = mem <= self.capacity
-        return np.triu(ok, 1)
+        return ok & _upper(len(ok))
 
     def masked_time(self, load: Load) -> np.ndarray:
         """`time` where the range fits under `load`, else inf (cached)."""
         if load not in self._masked:
             self._masked[load] = np.where(self.fits(load), self.time, np.inf)
         return self._masked[load]
+
+
+@functools.lru_cache(maxsize=64)
+def _upper(n: int) -> np.ndarray:
+    """The n x n mask of a < b (`np.triu(ones, 1)`, built once per size)."""
+    mask = np.triu(np.ones((n, n), dtype=bool), 1)
+    mask.flags.writeable = False  # shared by every caller
+    return mask
 
 
 def stage_tables(cm: CostModel, costs: LayerCosts) -> StageTables:
@@ -111,8 +120,15 @@ def max_micro_batches(
     num = len(tables)
 
     def stage_cap(s: int, t: StageTables, a: int, b: int) -> int:
+        # The range's memory terms read once: the same float operations as
+        # `StageTables.memory`, so the same bytes.
+        fixed, per_in_flight = float(t.mem_fixed[a, b]), float(t.mem_per_in_flight[a, b])
+        per_act = float(t.mem_per_activation_buffer[a, b])
+        per_grad = float(t.mem_per_gradient_buffer[a, b])
+
         def mem(m: int) -> float:
-            return t.memory(a, b, stage_load(schedule, s, num, m))
+            k, acts, grads = stage_load(schedule, s, num, m)
+            return fixed + k * per_in_flight + acts * per_act + grads * per_grad
 
         return most_micro_batches(mem, t.capacity, limit)
 

@@ -21,6 +21,7 @@ shares (hpp, data-balanced), so equal-batch baselines keep equal batches.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from functools import lru_cache
 from typing import Literal
@@ -265,12 +266,15 @@ def _groups(problem: Problem, plan: Plan) -> list[PipelineGroup] | None:
     """Each pipeline's closed-form line as data balance reads it (None if memory caps one)."""
     stages, _ = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
     total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
+    per_pipeline: dict[int, list] = {}
+    for s in stages:
+        per_pipeline.setdefault(s.pipeline, []).append(s)
     groups = []
     for p, pipe in enumerate(plan.pipelines):
         spec = pipe.schedule_in(plan.train)
         if not spec.bounded_in_flight:
             return None  # memory caps its micro-batches: the search's shares stand
-        own = [s for s in stages if s.pipeline == p]
+        own = per_pipeline[p]
         fill, beat = fill_and_beat(
             [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
             spec.name, len(pipe.devices), [s.weight_s for s in own],
@@ -284,42 +288,49 @@ def _settle(
 ) -> Plan | None:
     """`plan` with these micro-batch counts, each that torch refuses lowered to the nearest it
     takes and what they leave of the global batch given one at a time to the pipeline that
-    then finishes first (and takes it); None if that cannot be done."""
+    then finishes first (and takes it; the lowest index on ties); None if that cannot be done."""
     total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
-    if sum(counts) == total and all(_takes(plan, i, m) for i, m in enumerate(counts)):
+    shapes = [_run_shape(plan, pipe) for pipe in plan.pipelines]
+    if sum(counts) == total and all(_runs(*x, m) for x, m in zip(shapes, counts)):
         return _with_counts(plan, counts)
     groups = groups or _groups(problem, plan)
     if groups is None:
         return None
     counts = list(counts)
-    for i in range(len(counts)):
-        while counts[i] > groups[i].lo and not _takes(plan, i, counts[i]):
+    for i, x in enumerate(shapes):
+        while counts[i] > groups[i].lo and not _runs(*x, counts[i]):
             counts[i] -= 1
-        if not _takes(plan, i, counts[i]):
+        if not _runs(*x, counts[i]):
             return None
+    # Only the pipeline that takes one changes: a heap of the takers by (time with one more,
+    # index) picks what a scan of all of them would.
+    heap = [(groups[i].time(m + 1), i) for i, m in enumerate(counts) if _runs(*shapes[i], m + 1)]
+    heapq.heapify(heap)
     for _ in range(total - sum(counts)):
-        takers = [i for i in range(len(counts)) if _takes(plan, i, counts[i] + 1)]
-        if not takers:
+        if not heap:
             return None
-        i = min(takers, key=lambda j: groups[j].time(counts[j] + 1))
+        _, i = heapq.heappop(heap)
         counts[i] += 1
+        if _runs(*shapes[i], counts[i] + 1):
+            heapq.heappush(heap, (groups[i].time(counts[i] + 1), i))
     return _with_counts(plan, counts)
 
 
-def _takes(plan: Plan, i: int, m: int) -> bool:
-    """Whether pipeline i's schedule runs m micro-batches."""
-    pipe = plan.pipelines[i]
-    return _runs(pipe.schedule or plan.train.schedule, len(pipe.stages), len(pipe.devices), m)
+def _run_shape(plan: Plan, pipe: PipelinePlan) -> tuple[str, int, int]:
+    """What `_runs` reads of a pipeline: its schedule, stage count and device count."""
+    return pipe.schedule or plan.train.schedule, len(pipe.stages), len(pipe.devices)
 
 
 @lru_cache(maxsize=65536)
 def _runs(schedule: str, num_stages: int, num_devices: int, m: int) -> bool:
-    """`_takes` by schedule and shape (asked for every pipeline of every trial)."""
+    """Whether a pipeline of this schedule and shape runs m micro-batches (asked for every
+    pipeline of every trial)."""
     return SCHEDULES[schedule].micro_batch_problem(num_stages, num_devices, m) is None
 
 
 def _with_counts(plan: Plan, counts: list[int]) -> Plan:
     pipes = tuple(
-        p.model_copy(update={"num_micro_batches": m}) for p, m in zip(plan.pipelines, counts)
+        p if p.num_micro_batches == m else p.model_copy(update={"num_micro_batches": m})
+        for p, m in zip(plan.pipelines, counts)
     )
     return plan.model_copy(update={"pipelines": pipes, "grad_blocks": None})

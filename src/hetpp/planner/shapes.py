@@ -103,6 +103,7 @@ class ShapeContext:
         self._tables: dict[str, StageTables] = {}
         self._templates: dict[tuple[Runs, tuple[int, ...]], TemplateCost | None] = {}
         self._orders: dict[tuple[tuple[int, ...], bool], list[TemplateCost]] = {}
+        self._links: dict[Runs, tuple[Link, ...]] = {}
 
     @property
     def layer_list_len(self) -> int:
@@ -200,7 +201,13 @@ class ShapeContext:
         return UNBOUNDED if cap >= limit else cap
 
     def best_links(self, runs: Runs) -> list[Link]:
-        """Links between consecutive stages when each run is packed into whole nodes."""
+        """Links between consecutive stages when each run is packed into whole nodes (cached
+        by the runs: every split of a shape crosses the same links)."""
+        if runs not in self._links:
+            self._links[runs] = tuple(self._best_links(runs))
+        return list(self._links[runs])
+
+    def _best_links(self, runs: Runs) -> list[Link]:
         cl = self.problem.cluster
         out = []
         for r, (key, n) in enumerate(runs):

@@ -35,14 +35,15 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
         (i, s): d for i, (t, _) in enumerate(layout) for s, d in enumerate(t.done_s)
     }
     cuts = sorted({c for t, _ in layout for c in t.bounds})
-    stage = [np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout]
+    # per block, the owning stage of each template (one array, read back as Python ints)
+    stage = np.array([np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout])
     buckets: dict[tuple[int, ...], list[float]] = {}  # owners -> [params, last block start]
     pools = ctx.problem.pools
-    for j, (a, b) in enumerate(itertools.pairwise(cuts)):
-        owners = tuple(int(x[j]) for x in stage)
+    tps = [[pools[k].tp for k in t.stage_keys] for t, _ in layout]
+    for (a, b), owners in zip(itertools.pairwise(cuts), map(tuple, stage.T.tolist())):
         entry = buckets.setdefault(owners, [0.0, 0])
         # each TP rank syncs its shard: the owner of least degree sets the bucket's size
-        tp = min(pools[t.stage_keys[s]].tp for (t, _), s in zip(layout, owners))
+        tp = min(x[s] for x, s in zip(tps, owners))
         entry[0] += ctx.params.synced(a, b, tp)
         entry[1] = a
     # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket. Sharded

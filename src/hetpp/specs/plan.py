@@ -391,11 +391,23 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     cuts = sorted(
         {0, plan.layer_list_len} | {s.layers[0] for p in plan.pipelines for s in p.stages}
     )
-    blocks = []
-    for a, b in itertools.pairwise(cuts):
-        owners = tuple(p.stages[p.stage_of_layer(a)].device for p in plan.pipelines)
-        blocks.append(GradBlock(layers=(a, b), owners=owners))
-    return tuple(blocks)
+    # Each pipeline's owner of every block, walking its stages along the sorted cuts (a scan
+    # per block and pipeline is quadratic in the stages of a large plan).
+    owners = zip(*(_owners_at(p, cuts[:-1]) for p in plan.pipelines))
+    return tuple(
+        GradBlock(layers=(a, b), owners=o) for (a, b), o in zip(itertools.pairwise(cuts), owners)
+    )
+
+
+def _owners_at(pipe: PipelinePlan, layers: list[int]) -> list[int]:
+    """The device of `pipe`'s stage holding each of the ascending `layers`
+    (`stage_of_layer`)."""
+    out, s = [], 0
+    for a in layers:
+        while not pipe.stages[s].layers[0] <= a < pipe.stages[s].layers[1]:
+            s += 1
+        out.append(pipe.stages[s].device)
+    return out
 
 
 class GradBucket(NamedTuple):
