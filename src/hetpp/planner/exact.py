@@ -1,0 +1,245 @@
+"""Exact reference search: hpp's plan space, with each pipeline's schedule inside the count DP.
+
+`bench/search_quality.py` measures the default search against this. hpp's exact path
+(`search._search_exact`) ranks layouts by their one-chunk cost and gives only the fastest few
+the schedule pass, so a layout that is slower under 1F1B but faster once chunked escapes it.
+Here every template (composition, stage order, its balanced one-chunk split) also enters the
+count DP (`layout.CountDP`) once per multi-chunk schedule the problem allows
+(`Problem.chunked_schedules`, at `schedules.CHUNK_COUNTS` chunks), as the schedule pass would
+re-split it (`schedules._chunked`: loop placement keeps each device's layer count, V gives each
+device its work), with that schedule's fill, beat, fewest micro-batches and memory cap. So the
+DP's answer is the least compute time over every multiset of (template, schedule) that fits
+the cluster, with real-valued-then-integer batch shares (`layout.min_time`), for every
+micro-batch size and recomputation setting (the settings whose `bounds.ideal_time_bound` can
+still win). As in the exact path, the answers are peeled by tail per subset of GPU types until
+the compute time alone reaches the best full cost found (a lower bound: nothing later can win);
+each answer is placed (`placement`), its pipelines moved to their schedules, batch shares
+settled for torch and re-balanced, and ranked by the full step cost. On top of that, everything
+hpp's exact path finds (its one-chunk layouts, branch and bound over template multisets where
+they are few enough, the baselines) gets the schedule pass as in hpp (`after_schedule_pass`),
+so this search is never worse than that path.
+
+What "exact" covers: the compute time (closed form at each template's best links, the first
+line of each schedule's timing rule, as data balance reads it) of every multiset of templates
+and schedules per setting. Not covered exactly: the full cost's sync and optimizer tail (peeled
+by each template's estimated tail, as hpp's exact path does), placement on real links, a chunked
+pipeline's memory cap (`_variant`: found by bisection at the template's representative
+placement), per-stage recomputation dropped after the search (`recompute.drop_unneeded_recompute`)
+and the fully sharded family (`planner.fsdp`, run by `plan --strategy best`, not here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from hetpp.cost.step import device_memories, stage_costs
+from hetpp.planner.assemble import (
+    Incumbent,
+    PlanResult,
+    build_plan,
+    evaluate,
+    layout_pipes,
+)
+from hetpp.planner.baselines import BASELINES
+from hetpp.planner.bounds import ideal_time_bound
+from hetpp.planner.layout import CountDP, Layout
+from hetpp.planner.multisets import branch_and_bound, count_multisets
+from hetpp.planner.problem import Problem
+from hetpp.planner.recompute import drop_unneeded_recompute
+from hetpp.planner.schedules import (
+    CHUNK_COUNTS,
+    _chunked,
+    _groups,
+    _rebalanced,
+    _settle,
+    _with_counts,
+    _with_pipeline,
+    choose_schedules,
+)
+from hetpp.planner.search import (
+    EXACT_MULTISETS,
+    PASS_CANDIDATES,
+    _all_templates,
+    _peel,
+    after_schedule_pass,
+)
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost, Workspace
+from hetpp.specs.plan import Plan
+from hetpp.specs.schedule import SCHEDULES
+
+Variant = tuple[TemplateCost, str | None, int]
+"""A one-chunk template, the schedule its pipelines run (None: the problem's own) and chunks."""
+
+
+def search_exact(problem: Problem) -> PlanResult:
+    """The best plan of hpp's space over layouts and per-pipeline schedules (module docstring:
+    what is exact and what is not). Slow: a benchmark reference, not a planner."""
+    t0 = time.perf_counter()
+    ws = Workspace(problem, schedule_pass=False)
+    inc = Incumbent(problem, "exact", keep=PASS_CANDIDATES)
+    seeds = [run(problem, ws) for run in BASELINES.values()]
+    for r in seeds:
+        inc.offer_result(r)
+    found: list[PlanResult] = []  # chunked plans, costed in full
+
+    def best_s() -> float:
+        return min([inc.bound, *(r.iteration_time_s for r in found)])
+
+    for rc, mbs in sorted(ws.settings(), key=lambda s: ideal_time_bound(problem, *s)):
+        if ideal_time_bound(problem, rc, mbs) >= best_s():
+            continue  # no plan of this setting can win, whatever its schedules
+        ctx = ws.context(rc, mbs)
+        templates = _all_templates(ctx)
+        if not templates:
+            continue
+        _search_variants(ctx, templates, inc, found, best_s)
+        shapes = [t for _, t in templates]
+        if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
+            branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay, c=ctx: inc.offer(c, [lay]))
+    if inc.result is None and not found:
+        return PlanResult("exact", None, None, time.perf_counter() - t0, "no plan fits")
+    best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
+    for r in found:
+        if r.iteration_time_s < best.iteration_time_s:
+            best = r
+    plan = best.plan.model_copy(update={"strategy": "exact"})
+    return PlanResult("exact", plan, best.step, time.perf_counter() - t0)
+
+
+def _search_variants(ctx: ShapeContext, templates, inc: Incumbent, found, best_s) -> None:
+    """The count DP over every (template, schedule) of one setting, peeled by tail per subset
+    of GPU types (as `search._search_exact`); each answer built (`_build`) and kept in `found`,
+    and its one-chunk plan offered to `inc`."""
+    problem = ctx.problem
+    rows: list[tuple[tuple[int, ...], TemplateCost]] = []
+    meaning: dict[int, Variant] = {}
+    for comp, t in templates:
+        for v in _variants(ctx, t):
+            meaning[len(rows)] = (t, v[1], v[2])
+            rows.append((comp, v[0]))
+    total = problem.micro_batches(ctx.mbs)
+    dp = CountDP(rows, ctx.counts, total, problem.schedule_spec.devices_within_batch)
+    index = {id(tc): i for i, (_, tc) in enumerate(rows)}
+    comps = np.array([c for c, _ in rows]) > 0
+    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
+
+    def take(layout: Layout) -> None:
+        chosen = [(meaning[index[id(tc)]], n) for tc, n in layout]
+        got = _build(ctx, chosen)
+        if got is None:
+            return
+        one_chunk, chunked = got
+        inc.offer_result(one_chunk)
+        if chunked is not None:
+            found.append(chunked)
+
+    for q in subsets:
+        if any(q):
+            mask = ~(comps & ~np.array(q)).any(axis=1)
+            _peel(ctx, dp, mask, best_s, take)
+
+
+def _variants(ctx: ShapeContext, t: TemplateCost) -> list[tuple[TemplateCost, str | None, int]]:
+    """`t` as it is, and as each multi-chunk schedule would run it (fill, beat, fewest
+    micro-batches and memory cap of the re-split pipeline at a representative placement)."""
+    out: list[tuple[TemplateCost, str | None, int]] = [(t, None, 1)]
+    problem = ctx.problem
+    if not problem.chunked_schedules:
+        return out
+    pipes = layout_pipes(problem, [(t, 1)])
+    total = problem.micro_batches(ctx.mbs)
+    if pipes is None:
+        return out
+    plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact", [total])
+    if plan is None:
+        return out
+    for name in problem.chunked_schedules:
+        spec = SCHEDULES[name]
+        for chunks in CHUNK_COUNTS[spec.placement]:
+            pipe = _chunked(problem, plan, plan.pipelines[0], spec, chunks, "balanced")
+            if pipe is None:
+                continue
+            trial = _with_pipeline(plan, 0, pipe)
+            groups = _groups(problem, trial)
+            if groups is None:
+                continue
+            lo = next(
+                (m for m in range(1, total + 1) if spec.micro_batch_problem(
+                    len(pipe.stages), len(pipe.devices), m) is None),
+                None,
+            )  # fmt: skip
+            hi = None if lo is None else _memory_cap(problem, trial, lo, total, t.hi)
+            if hi is None:
+                continue
+            g = groups[0]
+            v = replace(t, fill_s=g.fill_s, beat_s=g.beat_s, lo=lo, hi=hi)
+            out.append((v, name, chunks))
+    return out
+
+
+def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int, one_chunk_hi: int) -> int | None:
+    """Most micro-batches the one-pipeline `plan` takes in memory: `UNBOUNDED` if the whole
+    batch fits, None if not even `lo` does, else the one-chunk template's cap (at least `lo`;
+    an estimate: bisecting every variant's cap took 70% of this search)."""
+
+    def fits(m: int) -> bool:
+        stages, _ = stage_costs(
+            _with_counts(plan, [m]), problem.cost_model(plan.train.recompute, shards=1)
+        )
+        mems = device_memories(stages).values()
+        return all(s.fits for s in stages) and all(x.total <= cap for x, cap in mems)
+
+    if fits(total):
+        return UNBOUNDED
+    if not fits(lo):
+        return None
+    return max(lo, min(one_chunk_hi, total - 1))
+
+
+def _build(
+    ctx: ShapeContext, chosen: list[tuple[Variant, int]]
+) -> tuple[PlanResult, PlanResult | None] | None:
+    """The one-chunk plan of a DP answer, and the plan with each pipeline on its schedule, its
+    batch shares settled and re-balanced (None where it cannot be built or does not fit)."""
+    problem = ctx.problem
+    layout = [(t, n) for (t, _, _), n in chosen]
+    pipes = layout_pipes(problem, layout)
+    if pipes is None:
+        return None
+    plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact")
+    if plan is None:
+        return None
+    plan = drop_unneeded_recompute(problem, plan)
+    step = evaluate(problem, plan)
+    one_chunk = PlanResult("exact", plan, step) if step.fits else PlanResult("exact", None, None)
+    schedules = [v for (_, name, chunks), n in chosen for v in [(name, chunks)] * n]
+    if all(name is None for name, _ in schedules):
+        return one_chunk, None
+    trial = plan
+    for i, (name, chunks) in enumerate(schedules):
+        if name is not None:
+            pipe = _chunked(problem, plan, plan.pipelines[i], SCHEDULES[name], chunks, "balanced")
+            if pipe is None:
+                return one_chunk, None
+            trial = _with_pipeline(trial, i, pipe)
+    trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
+    if trial is None:
+        return one_chunk, None
+    best, best_step = None, None
+    for cand in (trial, _rebalanced(problem, trial)):
+        if cand is None:
+            continue
+        s = evaluate(problem, cand)
+        if s.fits and (best_step is None or s.iteration_time_s < best_step.iteration_time_s):
+            best, best_step = cand, s
+    if best is None:
+        return one_chunk, None
+    best, best_step = choose_schedules(problem, best)  # pipelines left on one chunk, if any
+    return one_chunk, PlanResult("exact", best, best_step)
+
+
+__all__ = ["search_exact"]
