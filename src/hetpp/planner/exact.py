@@ -21,22 +21,25 @@ so this search is never worse than that path.
 
 What "exact" covers: the compute time (closed form at each template's best links, the first
 line of each schedule's timing rule, as data balance reads it) of every multiset of templates
-and schedules per setting. Not covered exactly: the full cost's sync and optimizer tail (peeled
-by each template's estimated tail, as hpp's exact path does), placement on real links, a chunked
-pipeline's memory cap (`_variant`: found by bisection at the template's representative
-placement), per-stage recomputation dropped after the search (`recompute.drop_unneeded_recompute`)
-and the fully sharded family (`planner.fsdp`, run by `plan --strategy best`, not here).
+and schedules per setting. Not covered exactly: the full cost's sync and optimizer tail
+(peeled by each template's estimated tail, as hpp's exact path does), placement on real links,
+a chunked pipeline's memory cap (`_memory_cap`: at the template's representative placement),
+per-stage recomputation dropped after the search (`recompute.drop_unneeded_recompute`), more
+than `schedules.CHUNK_COUNTS` chunks, and the fully sharded family (`planner.fsdp`, which
+`plan --strategy best` runs beside hpp, not here).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from hetpp.cost.step import device_memories, stage_costs
+from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
+from hetpp.cost.step import stage_layer_costs
 from hetpp.planner.assemble import (
     Incumbent,
     PlanResult,
@@ -56,7 +59,6 @@ from hetpp.planner.schedules import (
     _groups,
     _rebalanced,
     _settle,
-    _with_counts,
     _with_pipeline,
     choose_schedules,
 )
@@ -172,7 +174,7 @@ def _variants(ctx: ShapeContext, t: TemplateCost) -> list[tuple[TemplateCost, st
                     len(pipe.stages), len(pipe.devices), m) is None),
                 None,
             )  # fmt: skip
-            hi = None if lo is None else _memory_cap(problem, trial, lo, total, t.hi)
+            hi = None if lo is None else _memory_cap(problem, trial, lo, total)
             if hi is None:
                 continue
             g = groups[0]
@@ -181,23 +183,33 @@ def _variants(ctx: ShapeContext, t: TemplateCost) -> list[tuple[TemplateCost, st
     return out
 
 
-def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int, one_chunk_hi: int) -> int | None:
-    """Most micro-batches the one-pipeline `plan` takes in memory: `UNBOUNDED` if the whole
-    batch fits, None if not even `lo` does, else the one-chunk template's cap (at least `lo`;
-    an estimate: bisecting every variant's cap took 70% of this search)."""
+def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int) -> int | None:
+    """Most micro-batches the one-pipeline `plan` takes in memory (`UNBOUNDED` if the whole
+    batch fits; None if not even `lo` does), each stage and each device (its stages together)
+    as `cost.step` charges them."""
+    cm = problem.cost_model(plan.train.recompute, shards=1)
+    pipe = plan.pipelines[0]
+    spec = pipe.schedule_in(plan.train)
+    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    num, num_devices = len(pipe.stages), len(pipe.devices)
 
-    def fits(m: int) -> bool:
-        stages, _ = stage_costs(
-            _with_counts(plan, [m]), problem.cost_model(plan.train.recompute, shards=1)
-        )
-        mems = device_memories(stages).values()
-        return all(s.fits for s in stages) and all(x.total <= cap for x, cap in mems)
+    def excess(m: int) -> float:
+        """Bytes past capacity on the fullest stage or device (<= 0: it fits)."""
+        by_device: dict[int, list] = {}
+        worst = -math.inf
+        for s, (st, c) in enumerate(zip(pipe.stages, costs)):
+            k = spec.in_flight(s, num, m, num_devices)
+            mem = stage_memory(cm.model, cm.train, c, *st.layers, k, m, plan.optimizer_shards)
+            worst = max(worst, mem.total - c.gpu.memory_bytes)
+            by_device.setdefault(st.device, []).append(mem)
+        for d, mems in by_device.items():
+            worst = max(worst, device_memory(mems).total - problem.cluster.gpu(d).memory_bytes)
+        return worst
 
-    if fits(total):
-        return UNBOUNDED
-    if not fits(lo):
+    cap = most_micro_batches(excess, 0.0, total)
+    if cap < lo:
         return None
-    return max(lo, min(one_chunk_hi, total - 1))
+    return UNBOUNDED if cap >= total else cap
 
 
 def _build(
