@@ -117,12 +117,7 @@ def _search_variants(ctx: ShapeContext, templates, inc: Incumbent, found, best_s
     of GPU types (as `search._search_exact`); each answer built (`_build`) and kept in `found`,
     and its one-chunk plan offered to `inc`."""
     problem = ctx.problem
-    rows: list[tuple[tuple[int, ...], TemplateCost]] = []
-    meaning: dict[int, Variant] = {}
-    for comp, t in templates:
-        for v in _variants(ctx, t):
-            meaning[len(rows)] = (t, v[1], v[2])
-            rows.append((comp, v[0]))
+    rows, meaning = variant_rows(ctx, templates)
     total = problem.micro_batches(ctx.mbs)
     dp = CountDP(rows, ctx.counts, total, problem.schedule_spec.devices_within_batch)
     index = {id(tc): i for i, (_, tc) in enumerate(rows)}
@@ -143,6 +138,20 @@ def _search_variants(ctx: ShapeContext, templates, inc: Incumbent, found, best_s
         if any(q):
             mask = ~(comps & ~np.array(q)).any(axis=1)
             _peel(ctx, dp, mask, best_s, take)
+
+
+def variant_rows(
+    ctx: ShapeContext, templates: list[tuple[tuple[int, ...], TemplateCost]]
+) -> tuple[list[tuple[tuple[int, ...], TemplateCost]], list[Variant]]:
+    """The count DP's rows, (composition, costed variant), for every template and schedule
+    (`_variants`), and what each row is: (one-chunk template, schedule, chunks)."""
+    rows: list[tuple[tuple[int, ...], TemplateCost]] = []
+    meaning: list[Variant] = []
+    for comp, t in templates:
+        for v, name, chunks in _variants(ctx, t):
+            rows.append((comp, v))
+            meaning.append((t, name, chunks))
+    return rows, meaning
 
 
 def _variants(ctx: ShapeContext, t: TemplateCost) -> list[tuple[TemplateCost, str | None, int]]:
