@@ -47,10 +47,10 @@ from hetpp.planner.assemble import (
     evaluate,
     layout_pipes,
 )
-from hetpp.planner.baselines import BASELINES
 from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import CountDP, Layout
 from hetpp.planner.multisets import branch_and_bound, count_multisets
+from hetpp.planner.oracle import seeded
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.schedules import (
@@ -64,12 +64,11 @@ from hetpp.planner.schedules import (
 )
 from hetpp.planner.search import (
     EXACT_MULTISETS,
-    PASS_CANDIDATES,
     _all_templates,
     _peel,
     after_schedule_pass,
 )
-from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost, Workspace
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import Plan
 from hetpp.specs.schedule import SCHEDULES
 
@@ -81,11 +80,7 @@ def search_exact(problem: Problem) -> PlanResult:
     """The best plan of hpp's space over layouts and per-pipeline schedules (module docstring:
     what is exact and what is not). Slow: a benchmark reference, not a planner."""
     t0 = time.perf_counter()
-    ws = Workspace(problem, schedule_pass=False)
-    inc = Incumbent(problem, "exact", keep=PASS_CANDIDATES)
-    seeds = [run(problem, ws) for run in BASELINES.values()]
-    for r in seeds:
-        inc.offer_result(r)
+    ws, inc, seeds = seeded(problem, "exact")
     found: list[PlanResult] = []  # chunked plans, costed in full
 
     def best_s() -> float:
