@@ -14,10 +14,10 @@ micro-batch size and recomputation setting (the settings whose `bounds.ideal_tim
 still win). As in the exact path, the answers are peeled by tail per subset of GPU types until
 the compute time alone reaches the best full cost found (a lower bound: nothing later can win);
 each answer is placed (`placement`), its pipelines moved to their schedules, batch shares
-settled for torch and re-balanced, and ranked by the full step cost. On top of that, everything
-hpp's exact path finds (its one-chunk layouts, branch and bound over template multisets where
-they are few enough, the baselines) gets the schedule pass as in hpp (`after_schedule_pass`),
-so this search is never worse than that path.
+settled for torch and re-balanced, and ranked by the full step cost. Beside that, hpp's exact path
+runs as hpp runs it (`search._search_exact` on every setting, the baselines, the schedule pass
+on its best plans: `after_schedule_pass`), and the faster plan is kept, so this search is never
+worse than that path.
 
 What "exact" covers: the compute time (closed form at each template's best links, the first
 line of each schedule's timing rule, as data balance reads it) of every multiset of templates
@@ -39,9 +39,8 @@ from dataclasses import replace
 import numpy as np
 
 from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
-from hetpp.cost.step import stage_layer_costs
+from hetpp.cost.step import StepCost, stage_layer_costs
 from hetpp.planner.assemble import (
-    Incumbent,
     PlanResult,
     build_plan,
     evaluate,
@@ -49,7 +48,6 @@ from hetpp.planner.assemble import (
 )
 from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import CountDP, Layout
-from hetpp.planner.multisets import branch_and_bound, count_multisets
 from hetpp.planner.oracle import seeded
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
@@ -63,9 +61,9 @@ from hetpp.planner.schedules import (
     choose_schedules,
 )
 from hetpp.planner.search import (
-    EXACT_MULTISETS,
     _all_templates,
     _peel,
+    _search_exact,
     after_schedule_pass,
 )
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
@@ -87,30 +85,27 @@ def search_exact(problem: Problem) -> PlanResult:
         return min([inc.bound, *(r.iteration_time_s for r in found)])
 
     for rc, mbs in sorted(ws.settings(), key=lambda s: ideal_time_bound(problem, *s)):
-        if ideal_time_bound(problem, rc, mbs) >= best_s():
-            continue  # no plan of this setting can win, whatever its schedules
+        bound = ideal_time_bound(problem, rc, mbs)  # no plan of this setting beats it
         ctx = ws.context(rc, mbs)
-        templates = _all_templates(ctx)
-        if not templates:
-            continue
-        _search_variants(ctx, templates, inc, found, best_s)
-        shapes = [t for _, t in templates]
-        if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
-            branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay, c=ctx: inc.offer(c, [lay]))
+        if bound < inc.bound:
+            _search_exact(ctx, inc)  # hpp's exact path, as hpp runs it
+        templates = _all_templates(ctx) if bound < best_s() else []
+        if templates:
+            _search_variants(ctx, templates, found, best_s)
     if inc.result is None and not found:
         return PlanResult("exact", None, None, time.perf_counter() - t0, "no plan fits")
-    best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
-    for r in found:
-        if r.iteration_time_s < best.iteration_time_s:
-            best = r
+    best = min(found, key=lambda r: r.iteration_time_s) if found else None
+    if inc.result is not None:
+        path = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
+        best = path if best is None or path.iteration_time_s <= best.iteration_time_s else best
     plan = best.plan.model_copy(update={"strategy": "exact"})
     return PlanResult("exact", plan, best.step, time.perf_counter() - t0)
 
 
-def _search_variants(ctx: ShapeContext, templates, inc: Incumbent, found, best_s) -> None:
+def _search_variants(ctx: ShapeContext, templates, found, best_s) -> None:
     """The count DP over every (template, schedule) of one setting, peeled by tail per subset
-    of GPU types (as `search._search_exact`); each answer built (`_build`) and kept in `found`,
-    and its one-chunk plan offered to `inc`."""
+    of GPU types (as `search._search_exact`); each answer built (`_build`) and kept in
+    `found`."""
     problem = ctx.problem
     rows, meaning = variant_rows(ctx, templates)
     total = problem.micro_batches(ctx.mbs)
@@ -120,14 +115,9 @@ def _search_variants(ctx: ShapeContext, templates, inc: Incumbent, found, best_s
     subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
 
     def take(layout: Layout) -> None:
-        chosen = [(meaning[index[id(tc)]], n) for tc, n in layout]
-        got = _build(ctx, chosen)
-        if got is None:
-            return
-        one_chunk, chunked = got
-        inc.offer_result(one_chunk)
-        if chunked is not None:
-            found.append(chunked)
+        got = _build(ctx, [(meaning[index[id(tc)]], n) for tc, n in layout])
+        if got is not None:
+            found.append(got)
 
     for q in subsets:
         if any(q):
@@ -216,46 +206,36 @@ def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int) -> int | None
     return UNBOUNDED if cap >= total else cap
 
 
-def _build(
-    ctx: ShapeContext, chosen: list[tuple[Variant, int]]
-) -> tuple[PlanResult, PlanResult | None] | None:
-    """The one-chunk plan of a DP answer, and the plan with each pipeline on its schedule, its
-    batch shares settled and re-balanced (None where it cannot be built or does not fit)."""
+def _build(ctx: ShapeContext, chosen: list[tuple[Variant, int]]) -> PlanResult | None:
+    """The plan of a DP answer with each pipeline on its schedule, its batch shares settled and
+    re-balanced, costed in full (None where it cannot be built or does not fit)."""
     problem = ctx.problem
-    layout = [(t, n) for (t, _, _), n in chosen]
-    pipes = layout_pipes(problem, layout)
-    if pipes is None:
-        return None
-    plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact")
+    pipes = layout_pipes(problem, [(t, n) for (t, _, _), n in chosen])
+    plan = None if pipes is None else build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact")
     if plan is None:
         return None
     plan = drop_unneeded_recompute(problem, plan)
-    step = evaluate(problem, plan)
-    one_chunk = PlanResult("exact", plan, step) if step.fits else PlanResult("exact", None, None)
-    schedules = [v for (_, name, chunks), n in chosen for v in [(name, chunks)] * n]
-    if all(name is None for name, _ in schedules):
-        return one_chunk, None
     trial = plan
+    schedules = [v for (_, name, chunks), n in chosen for v in [(name, chunks)] * n]
     for i, (name, chunks) in enumerate(schedules):
         if name is not None:
             pipe = _chunked(problem, plan, plan.pipelines[i], SCHEDULES[name], chunks, "balanced")
             if pipe is None:
-                return one_chunk, None
+                return None
             trial = _with_pipeline(trial, i, pipe)
     trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
-    if trial is None:
-        return one_chunk, None
-    best, best_step = None, None
-    for cand in (trial, _rebalanced(problem, trial)):
-        if cand is None:
-            continue
-        s = evaluate(problem, cand)
-        if s.fits and (best_step is None or s.iteration_time_s < best_step.iteration_time_s):
-            best, best_step = cand, s
+    best: tuple[Plan, StepCost] | None = None
+    for cand in (trial, None if trial is None else _rebalanced(problem, trial)):
+        s = None if cand is None else evaluate(problem, cand)
+        if (
+            s is not None
+            and s.fits
+            and (best is None or s.iteration_time_s < best[1].iteration_time_s)
+        ):
+            best = (cand, s)
     if best is None:
-        return one_chunk, None
-    best, best_step = choose_schedules(problem, best)  # pipelines left on one chunk, if any
-    return one_chunk, PlanResult("exact", best, best_step)
+        return None
+    return PlanResult("exact", *choose_schedules(problem, best[0]))  # one-chunk ones left
 
 
 __all__ = ["search_exact"]
