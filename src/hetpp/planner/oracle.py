@@ -36,11 +36,7 @@ def search_oracle(problem: Problem, max_devices: int = MAX_DEVICES) -> PlanResul
             field="strategy",
         )
     t0 = time.perf_counter()
-    ws = Workspace(problem, schedule_pass=False)
-    inc = Incumbent(problem, "oracle", keep=PASS_CANDIDATES)
-    seeds = [run(problem, ws) for run in BASELINES.values()]
-    for r in seeds:
-        inc.offer_result(r)
+    ws, inc, seeds = seeded(problem, "oracle")
     for rc, mbs in ws.settings():
         ctx = ws.context(rc, mbs)
         templates = [t for c in compositions(ctx) for t in ctx.orders(c, exhaustive=True)]
@@ -53,6 +49,17 @@ def search_oracle(problem: Problem, max_devices: int = MAX_DEVICES) -> PlanResul
     elapsed = time.perf_counter() - t0
     plan = best.plan.model_copy(update={"strategy": "oracle"})
     return PlanResult("oracle", plan, best.step, elapsed)
+
+
+def seeded(problem: Problem, strategy: str) -> tuple[Workspace, Incumbent, list[PlanResult]]:
+    """A workspace, an incumbent keeping `PASS_CANDIDATES` plans, and the baselines' one-chunk
+    plans offered to it (they also get their own schedule pass at the end)."""
+    ws = Workspace(problem, schedule_pass=False)
+    inc = Incumbent(problem, strategy, keep=PASS_CANDIDATES)
+    seeds = [run(problem, ws) for run in BASELINES.values()]
+    for r in seeds:
+        inc.offer_result(r)
+    return ws, inc, seeds
 
 
 def _offer(inc: Incumbent, ctx, layout) -> None:
