@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
         help="simulate one step of a plan; per-device utilisation, memory, Gantt chart",
-        description="Discrete-event replay of a plan's pipelines (1F1B or GPipe), transfers, "
+        description="Discrete-event replay of a plan's pipelines (every schedule of the "
+        "registry: 1F1B, GPipe, interleaved, zero-bubble, V), transfers, "
         "block-wise gradient all-reduces and optimizer steps on the cost model: iteration time, "
         "per-pipeline time, per-device busy/idle share, bubble share, exposed gradient sync, and "
         "peak memory per device against its capacity.",
