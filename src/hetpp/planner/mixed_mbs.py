@@ -55,10 +55,14 @@ def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan
     pipelines together, the largest micro-batches first) at each other micro-batch size,
     kept where the step gets faster: the fastest found, if faster than `bound_s`."""
     best = None
-    trial = shares(problem, plan)
-    cost = None if trial is None else evaluate_below(problem, trial, bound_s)
-    if cost is not None and cost.fits and cost.iteration_time_s < bound_s:
-        best, bound_s = (trial, cost), cost.iteration_time_s
+
+    def offer(trial: Plan | None) -> None:
+        nonlocal best, bound_s
+        cost = None if trial is None else evaluate_below(problem, trial, bound_s)
+        if cost is not None and cost.fits and cost.iteration_time_s < bound_s:
+            best, bound_s = (trial, cost), cost.iteration_time_s
+
+    offer(shares(problem, plan))
     groups: dict[tuple, list[int]] = {}
     for i, pipe in enumerate(plan.pipelines):
         groups.setdefault(_shape(problem, pipe), []).append(i)
@@ -70,10 +74,7 @@ def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan
             pipes = list(start.pipelines)
             for i in members:
                 pipes[i] = pipes[i].model_copy(update={"micro_batch_size": size})
-            trial = shares(problem, _with_pipelines(start, pipes))
-            cost = None if trial is None else evaluate_below(problem, trial, bound_s)
-            if cost is not None and cost.fits and cost.iteration_time_s < bound_s:
-                best, bound_s = (trial, cost), cost.iteration_time_s
+            offer(shares(problem, _with_pipelines(start, pipes)))
     return best
 
 
