@@ -53,7 +53,8 @@ class Problem:
     """Batch, sequence length, precision, schedule and memory settings (`recompute` ignored:
     the planner decides it from `recompute_mode`)."""
     micro_batch_sizes: tuple[int, ...] = DEFAULT_MICRO_BATCH_SIZES
-    """Candidate micro-batch sizes; one is chosen per plan (all pipelines share it)."""
+    """Candidate micro-batch sizes; the search chooses one per plan, then hpp's last pass
+    (`planner.mixed_mbs`) may give each pipeline shape its own."""
     recompute_mode: RecomputeMode = "auto"
     """`auto` plans without recomputation and, where memory is short, with it, and keeps the
     faster; `on`/`off` force it."""

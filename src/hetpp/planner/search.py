@@ -45,6 +45,7 @@ from hetpp.planner.candidates import (
     proportional_templates,
 )
 from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
+from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
 from hetpp.planner.multisets import branch_and_bound, composition, compositions, count_multisets
 from hetpp.planner.problem import Problem
 from hetpp.planner.refine import estimate, refine
@@ -140,6 +141,10 @@ def search_hpp(
         return PlanResult("hpp", None, None, time.perf_counter() - t0, "no plan fits")
     say(0.99, "schedules per pipeline")
     best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
+    say(0.995, "micro-batch size per pipeline")
+    plan, step = mix_micro_batch_sizes(problem, ws, best.plan, best.step)
+    if step is not best.step:
+        best = PlanResult("hpp", plan, step)
     say(1.0, "done")
     notes = [f"the {best.strategy} plan was the best found"] if best.strategy != "hpp" else []
     if stopped:

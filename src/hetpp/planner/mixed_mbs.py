@@ -1,0 +1,168 @@
+"""A micro-batch size per pipeline: a pass over hpp's final plan.
+
+The search gives every pipeline of a plan one micro-batch size (an outer setting), so a size
+that suits the fastest devices (8 samples on an H100) can leave slow ones idle: a T4 pipeline
+running micro-batches of 8 finishes its first one after the H100s finish the step, so the
+search leaves the T4s out. The plan format holds a size per pipeline (the cost model, the
+simulator and the runtime take each pipeline's own), and this pass uses it:
+
+1. devices the plan leaves unused take the pipelines that other settings' best plans (another
+   micro-batch size, the same recomputation) placed on them, where those lie wholly on unused
+   devices;
+2. each pipeline shape (identical pipelines together, slowest first) tries the other sizes of
+   `Problem.micro_batch_sizes`, its layer split kept.
+
+Every trial shares the global batch out again in samples (`shares`) and is kept only where the
+full step cost (`step_cost`, memory included) improves, so the pass never returns a slower
+plan than it was given.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+
+from hetpp.cost.step import StepCost
+from hetpp.planner.assemble import evaluate_below, unused_devices
+from hetpp.planner.problem import Problem
+from hetpp.planner.schedules import _groups, _runs
+from hetpp.planner.shapes import Workspace
+from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+
+
+def mix_micro_batch_sizes(
+    problem: Problem, ws: Workspace, plan: Plan, step: StepCost
+) -> tuple[Plan, StepCost]:
+    """`plan` with homogeneous pipelines added on its unused devices and a micro-batch size
+    per pipeline shape, where that makes the step faster; its cost (`plan`'s own if nothing
+    does). `ws` holds the search's shapes per setting."""
+    if plan.sharding == "full":
+        return plan, step
+    best = (plan, step)
+    starts = [plan] + [
+        _with_pipelines(plan, [*plan.pipelines, *extra]) for extra in _on_unused(problem, ws, plan)
+    ]
+    for start in starts:
+        got = _sizes_per_shape(problem, start, best[1].iteration_time_s)
+        if got is not None:
+            best = got
+    return best
+
+
+def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan, StepCost] | None:
+    """`plan` (its batch shared out, `shares`), then each of its pipeline shapes (identical
+    pipelines together, the largest micro-batches first) at each other micro-batch size,
+    kept where the step gets faster: the fastest found, if faster than `bound_s`."""
+    best = None
+
+    def offer(trial: Plan | None) -> None:
+        nonlocal best, bound_s
+        cost = None if trial is None else evaluate_below(problem, trial, bound_s)
+        if cost is not None and cost.fits and cost.iteration_time_s < bound_s:
+            best, bound_s = (trial, cost), cost.iteration_time_s
+
+    offer(shares(problem, plan))
+    groups: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        groups.setdefault(_shape(problem, pipe), []).append(i)
+    for members in sorted(groups.values(), key=lambda g: -plan.pipelines[g[0]].micro_batch_size):
+        start = plan if best is None else best[0]
+        for size in problem.micro_batch_sizes:
+            if size == start.pipelines[members[0]].micro_batch_size:
+                continue
+            pipes = list(start.pipelines)
+            for i in members:
+                pipes[i] = pipes[i].model_copy(update={"micro_batch_size": size})
+            offer(shares(problem, _with_pipelines(start, pipes)))
+    return best
+
+
+def _on_unused(problem: Problem, ws: Workspace, plan: Plan) -> Iterator[list[PipelinePlan]]:
+    """Pipelines on the devices `plan` leaves unused: per GPU type, as many copies as they
+    make of its shallowest homogeneous shape that fits, and of one a device deeper, at each
+    micro-batch size (micro-batch counts to be shared out)."""
+    free = set(unused_devices(problem, plan))
+    for key, pool in problem.pools.items():
+        ids = [d for node in pool.nodes for d in node if d in free]
+        if pool.tp > 1 or not ids:
+            continue
+        for size in problem.micro_batch_sizes:
+            ctx = ws.context(plan.train.recompute, size)
+            depths = range(1, min(len(ids), ctx.layer_list_len) + 1)
+            first = next((d for d in depths if ctx.homogeneous(key, d) is not None), None)
+            for depth in () if first is None else (first, first + 1):
+                shape = ctx.homogeneous(key, depth) if depth <= len(ids) else None
+                if shape is None:
+                    continue
+                layers = list(itertools.pairwise(shape.bounds))
+                yield [
+                    PipelinePlan(
+                        stages=tuple(
+                            StagePlan(devices=(d,), layers=span)
+                            for d, span in zip(ids[c : c + depth], layers)
+                        ),
+                        micro_batch_size=size,
+                        num_micro_batches=1,
+                    )
+                    for c in range(0, len(ids) - depth + 1, depth)
+                ]
+
+
+def shares(problem: Problem, plan: Plan) -> Plan | None:
+    """`plan` with micro-batch counts whose samples (each pipeline's count times its own size)
+    add up to the global batch, the slowest pipeline as early as greedy filling gets it: every
+    pipeline starts at the fewest micro-batches its schedule takes, then each next micro-batch
+    goes to the pipeline that finishes it first among those it still fits in. None when the
+    sizes cannot add up to the batch, or memory caps a pipeline's count (GPipe)."""
+    lines = _groups(problem, plan)
+    if lines is None:
+        return None
+    pipes = plan.pipelines
+
+    def next_count(i: int, m: int) -> int | None:
+        pipe = pipes[i]
+        name = pipe.schedule or plan.train.schedule
+        for n in range(m + 1, m + 1 + len(pipe.stages) + 1):
+            if _runs(name, len(pipe.stages), len(pipe.devices), n):
+                return n
+        return None
+
+    counts = [next_count(i, line.lo - 1) for i, line in enumerate(lines)]
+    if None in counts:
+        return None
+    left = plan.global_batch - sum(p.micro_batch_size * m for p, m in zip(pipes, counts))
+    heap = []
+    for i, m in enumerate(counts):
+        n = next_count(i, m)
+        if n is not None:
+            heap.append((lines[i].time(n), i, n))
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        _, i, n = heapq.heappop(heap)
+        more = pipes[i].micro_batch_size * (n - counts[i])
+        if more > left:
+            continue  # `left` only shrinks: this pipeline takes no more
+        counts[i], left = n, left - more
+        n = next_count(i, n)
+        if n is not None:
+            heapq.heappush(heap, (lines[i].time(n), i, n))
+    if left != 0:
+        return None
+    return _with_pipelines(
+        plan, [p.model_copy(update={"num_micro_batches": m}) for p, m in zip(pipes, counts)]
+    )
+
+
+def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
+    """What pipelines of one shape share: stages' GPU types and layers, schedule, size."""
+    return (
+        tuple((problem.cluster.gpu(st.device).name, st.layers, st.tp) for st in pipe.stages),
+        len(pipe.devices),
+        pipe.schedule,
+        pipe.micro_batch_size,
+    )
+
+
+def _with_pipelines(plan: Plan, pipes: Sequence[PipelinePlan]) -> Plan:
+    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})

@@ -1,0 +1,62 @@
+"""A micro-batch size per pipeline (`planner.mixed_mbs`): on a hand-made cluster where one size
+cannot serve both GPU types well, hpp's plan mixes sizes and beats every single-size plan."""
+
+from __future__ import annotations
+
+from planner_cases import small_model
+
+from hetpp.planner import Problem, plan
+from hetpp.planner.assemble import evaluate
+from hetpp.planner.mixed_mbs import shares
+from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec
+from hetpp.specs.plan import Plan
+
+SIZES = (1, 2, 4, 8)
+
+
+def _problem(sizes: tuple[int, ...]) -> Problem:
+    """One fast GPU with room for micro-batches of 8, two small ones (3 GB) that hold the
+    model together only with small micro-batches."""
+    types = [
+        GpuType(name="big", bf16_tflops=400.0, memory_gb=80.0, mem_bw_GBps=3000.0),
+        GpuType(name="small", bf16_tflops=120.0, memory_gb=3.0, mem_bw_GBps=300.0),
+    ]
+    cl = Cluster(
+        nodes=[
+            NodeGroup(gpu="big", gpus_per_node=1, count=1, intra_node_GBps=100.0),
+            NodeGroup(gpu="small", gpus_per_node=2, count=1, intra_node_GBps=100.0),
+        ],
+        gpu_types=types,
+        inter_node_GBps=25.0,
+    )
+    spec = small_model(4, 1024)
+    train = TrainSpec(global_batch=32, seq_len=spec.seq_len)
+    return Problem(spec, cl, train, micro_batch_sizes=sizes)
+
+
+def test_mixed_sizes_beat_every_single_size():
+    single = min(plan(_problem((b,)), "hpp").iteration_time_s for b in SIZES)
+    got = plan(_problem(SIZES), "hpp")
+    assert got.iteration_time_s < single * 0.99
+    sizes = {p.micro_batch_size for p in got.plan.pipelines}
+    assert len(sizes) > 1
+    assert sum(p.batch for p in got.plan.pipelines) == 32
+    assert got.step.fits
+    Plan.model_validate(got.plan.model_dump())  # the plan format takes it as it is
+    # the reported cost is the plan's own full cost
+    assert evaluate(_problem(SIZES), got.plan).iteration_time_s == got.iteration_time_s
+
+
+def test_shares_add_up_to_the_batch_or_refuse():
+    problem = _problem(SIZES)
+    best = plan(problem, "hpp").plan
+    for size in SIZES:
+        pipes = [p.model_copy(update={"micro_batch_size": size}) for p in best.pipelines]
+        trial = shares(problem, best.model_copy(update={"pipelines": tuple(pipes)}))
+        assert trial is not None
+        assert sum(p.batch for p in trial.pipelines) == 32
+        stages = [len(p.stages) for p in trial.pipelines]
+        assert all(p.num_micro_batches >= s for p, s in zip(trial.pipelines, stages))  # 1F1B
+    # pipelines at their fewest micro-batches already hold more than the batch: no share
+    big = [p.model_copy(update={"micro_batch_size": 64}) for p in best.pipelines]
+    assert shares(problem, best.model_copy(update={"pipelines": tuple(big)})) is None
