@@ -3,8 +3,11 @@ transients and a reserve."""
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import NamedTuple
 
 import numpy as np
@@ -83,20 +86,51 @@ def devices_to_hold(nbytes: float, capacity_bytes: float, train: TrainSpec) -> i
 
 
 def recv_buffer_counts(
-    schedule: ScheduleSpec | None, num_in_flight: int, num_micro_batches: int
+    schedule: ScheduleSpec | None,
+    num_in_flight: int,
+    num_micro_batches: int,
+    stage: int | None = None,
+    num_stages: int = 0,
+    num_devices: int = 0,
 ) -> tuple[int, int]:
-    """(activation, gradient) receive buffers a stage holds at its peak. The runtime gives each
-    of torch's buffers memory from its receive until its last reader is done
-    (`hetpp.runtime.recv_buffers`): an activation until the micro-batch's backward (a split
-    one's W), a gradient until the backward that reads it. Under a single-stage schedule (1F1B,
-    GPipe) torch posts each receive just before the compute that reads it, so the live
-    activations are the in-flight micro-batches and one gradient is live at a time. Under the
-    multi-stage runtime torch's lowering posts receives ahead of their compute (measured: more
-    than in flight); that count is not derived here, so those schedules (and `schedule` None)
-    are charged one buffer per micro-batch and direction, a bound."""
+    """(activation, gradient) receive buffers stage `stage` of `num_stages` (on `num_devices`)
+    holds at its peak. The runtime gives each of torch's buffers memory from its receive until
+    the micro-batch's backward on the stage is done, its full backward or its W
+    (`hetpp.runtime.recv_buffers`). Under a single-stage schedule (1F1B, GPipe) torch posts each
+    receive just before the compute that reads it, so the live activations are the in-flight
+    micro-batches and one gradient is live at a time. The multi-stage runtime runs torch's
+    lowered IR, whose receives go in where the sender's compute is scheduled, ahead of their
+    own (`_add_send_recv`); those counts are read from torch's IR, per stage at its peak of
+    live buffers (`_lowered_counts`; not monotone in m below the m where they settle, so searches
+    over m, `most_micro_batches`, pass no `stage`). Where the table has no entry (more than 8
+    devices, other than 2 chunks, no `stage`), one buffer per micro-batch and direction, a
+    bound."""
     if schedule is not None and schedule.placement == "one":
         return num_in_flight, min(1, num_micro_batches)
+    if schedule is not None and stage is not None and num_devices:
+        last, rows = _lowered_counts(schedule.name, num_devices, num_stages // num_devices)
+        # beyond the last m stored every m counts as that one (checked when the table is built)
+        row = rows.get(min(num_micro_batches, last))
+        if row is not None:
+            return row[stage]
     return num_micro_batches, num_micro_batches
+
+
+@functools.cache
+def _lowered_counts(name: str, num_devices: int, chunks: int) -> tuple[int, dict[int, tuple]]:
+    """(last m, m -> per stage (activation, gradient) buffers live at its peak) in torch's
+    lowered IR of schedule `name` at `chunks` chunks on `num_devices`, for every m torch runs up
+    to the last m where a count changes (`hetpp/data/recv_buffers.json`, written from torch by
+    `bench/recv_multi.py --write-table`, checked against torch by a test); (0, {}) if not in
+    the table."""
+    entry = _recv_table().get(name, {}).get(str(num_devices), {}) if chunks == 2 else {}
+    rows = {int(m): tuple(tuple(c) for c in row) for m, row in entry.items()}
+    return max(rows, default=0), rows
+
+
+@functools.cache
+def _recv_table() -> dict:
+    return json.loads(resources.files("hetpp.data").joinpath("recv_buffers.json").read_text())
 
 
 def stage_memory(
@@ -109,16 +143,19 @@ def stage_memory(
     num_micro_batches: int,
     shards: int = 1,
     schedule: ScheduleSpec | None = None,
+    place: tuple[int, int, int] | None = None,
 ) -> StageMemory:
     """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step
     under `schedule`, `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer
-    state sharded `shards` ways (`optimizer_bytes`). The input a stage's first layer saves for
-    backward is its activation receive buffer: `activations` leaves it out, `recv_buffers`
-    counts it (one per live buffer, `recv_buffer_counts`)."""
+    state sharded `shards` ways (`optimizer_bytes`); `place`, (stage, stages, devices) of its
+    pipeline, gives a multi-stage schedule's receive buffers their live count (without it: the
+    bound). The input a stage's first layer saves for backward is its activation receive
+    buffer: `activations` leaves it out, `recv_buffers` counts it (one per live buffer,
+    `recv_buffer_counts`)."""
     n = stage_params(model, start, end, costs.tp)
     inp, out = _boundary_at(costs, start, end)
     held = costs.saved(start, end) + out - inp
-    acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches)
+    acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches, *(place or ()))
     return StageMemory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,

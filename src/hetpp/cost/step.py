@@ -222,7 +222,8 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     for s, st in enumerate(pipe.stages):
         k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
         m = pipe.num_micro_batches
-        mem = stage_memory(cm.model, train, costs[s], *st.layers, k, m, shards, schedule)
+        place = (s, num, d_count)
+        mem = stage_memory(cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place)
         rows.append(
             (
                 costs[s].gpu.name,
