@@ -54,6 +54,20 @@ def pipeline(
     return PipelinePlan(stages=stages, micro_batch_size=mbs, num_micro_batches=m, schedule=schedule)
 
 
+def two_pipes_3_2() -> list[PipelinePlan]:
+    """Two shapes over devices 0-4 and 6 layers: 3 stages at 2 x 3 samples, 2 at 1 x 4."""
+    return [pipeline([0, 1, 2], [0, 2, 4, 6], 2, 3), pipeline([3, 4], [0, 3, 6], 1, 4)]
+
+
+def three_pipes_3_2_1() -> list[PipelinePlan]:
+    """Three shapes over devices 0-5 and 6 layers: 3 stages at 1 x 4, 2 at 2 x 2, 1 at 2 x 1."""
+    return [
+        pipeline([0, 1, 2], [0, 1, 3, 6], 1, 4),
+        pipeline([3, 4], [0, 4, 6], 2, 2),
+        pipeline([5], [0, 6], 2, 1),
+    ]
+
+
 def make_plan(
     model: str,
     pipelines: list[PipelinePlan],

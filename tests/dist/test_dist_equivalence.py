@@ -7,7 +7,7 @@ tied copies included), trains the same steps in one process and reports the larg
 from __future__ import annotations
 
 import pytest
-from disthelpers import make_plan, pipeline, train
+from disthelpers import make_plan, pipeline, train, two_pipes_3_2
 
 from hetpp.runtime.options import DEFAULT_VERIFY_TOL
 
@@ -41,7 +41,7 @@ CASES = {
     ),
     "llama-2pipes-3+2-clip": (
         "tiny-llama",
-        [pipeline([0, 1, 2], [0, 2, 4, 6], 2, 3), pipeline([3, 4], [0, 3, 6], 1, 4)],
+        two_pipes_3_2(),
         "1f1b",
         {"fp64": True, "clip_grad": 0.05},
     ),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from disthelpers import checkpoint_layers, make_plan, pipeline, train
+from disthelpers import checkpoint_layers, make_plan, pipeline, three_pipes_3_2_1, train, two_pipes_3_2
 
 from hetpp.runtime import checkpoint
 
@@ -23,17 +23,13 @@ CASES = {
     # Sharded over 2 owners; untied; weight decay on matrices only; clipping on the masters.
     "llama-2pipes-3+2-sharded": (
         "tiny-llama",
-        [pipeline([0, 1, 2], [0, 2, 4, 6], 2, 3), pipeline([3, 4], [0, 3, 6], 1, 4)],
+        two_pipes_3_2(),
         "optimizer",
     ),
     # Sharded over 3 owners, three shapes; tied embedding/head (whole, its own all-reduce).
     "gpt-3pipes-3+2+1-sharded": (
         "tiny-gpt",
-        [
-            pipeline([0, 1, 2], [0, 1, 3, 6], 1, 4),
-            pipeline([3, 4], [0, 4, 6], 2, 2),
-            pipeline([5], [0, 6], 2, 1),
-        ],
+        three_pipes_3_2_1(),
         "optimizer",
     ),
     # Unsharded: a whole fp32 master per parameter on every rank.

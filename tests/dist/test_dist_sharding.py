@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from disthelpers import checkpoint_layers, make_plan, pipeline, train
+from disthelpers import checkpoint_layers, make_plan, pipeline, three_pipes_3_2_1, train, two_pipes_3_2
 
 from hetpp.report.memory import memory_rows
 from hetpp.runtime import checkpoint
@@ -21,18 +21,14 @@ CASES = {
     # 2 owners per bucket; untied; weight decay on matrices only; clipping scales the shards.
     "llama-2pipes-3+2-clip-decay": (
         "tiny-llama",
-        [pipeline([0, 1, 2], [0, 2, 4, 6], 2, 3), pipeline([3, 4], [0, 3, 6], 1, 4)],
+        two_pipes_3_2(),
         "1f1b",
         {"clip_grad": 0.05, "weight_decay": 0.1},
     ),
     # 3 owners per bucket, three shapes; tied embedding/head (kept whole, its own all-reduce).
     "gpt-3pipes-3+2+1-gpipe-clip-decay": (
         "tiny-gpt",
-        [
-            pipeline([0, 1, 2], [0, 1, 3, 6], 1, 4),
-            pipeline([3, 4], [0, 4, 6], 2, 2),
-            pipeline([5], [0, 6], 2, 1),
-        ],
+        three_pipes_3_2_1(),
         "gpipe",
         {"clip_grad": 0.05, "weight_decay": 0.1},
     ),

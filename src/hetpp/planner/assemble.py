@@ -105,8 +105,8 @@ def _pipe_group(problem: Problem, recompute: bool, mbs: int, pipe: Pipe) -> Pipe
 
 def _micro_batch_cap(problem, recompute, mbs, pipe: Pipe, costs) -> int:
     """Most micro-batches per step with which every stage of the pipeline fits its device
-    (`UNBOUNDED` if the whole global batch does): receive buffers grow with m under every
-    schedule, in-flight activations as the schedule's `in_flight` says."""
+    (`UNBOUNDED` if the whole global batch does): in-flight activations and live receive
+    buffers as the schedule's `in_flight` and `recv_buffer_counts` say."""
     cm, spec = problem.cost_model(recompute), problem.schedule_spec
     limit, num = problem.micro_batches(mbs), len(pipe.devices)
     cap = limit

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from hetpp.cost.step import StepCost
 from hetpp.planner.assemble import evaluate_below, unused_devices
 from hetpp.planner.problem import Problem
-from hetpp.planner.schedules import _groups, _runs
+from hetpp.planner.schedules import _groups, _run_shape, _runs, _with_counts
 from hetpp.planner.shapes import Workspace
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
@@ -121,10 +121,9 @@ def shares(problem: Problem, plan: Plan) -> Plan | None:
     pipes = plan.pipelines
 
     def next_count(i: int, m: int) -> int | None:
-        pipe = pipes[i]
-        name = pipe.schedule or plan.train.schedule
-        for n in range(m + 1, m + 1 + len(pipe.stages) + 1):
-            if _runs(name, len(pipe.stages), len(pipe.devices), n):
+        shape = _run_shape(plan, pipes[i])
+        for n in range(m + 1, m + 1 + len(pipes[i].stages) + 1):
+            if _runs(*shape, n):
                 return n
         return None
 
@@ -147,11 +146,7 @@ def shares(problem: Problem, plan: Plan) -> Plan | None:
         n = next_count(i, n)
         if n is not None:
             heapq.heappush(heap, (lines[i].time(n), i, n))
-    if left != 0:
-        return None
-    return _with_pipelines(
-        plan, [p.model_copy(update={"num_micro_batches": m}) for p, m in zip(pipes, counts)]
-    )
+    return _with_counts(plan, counts) if left == 0 else None
 
 
 def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
