@@ -326,7 +326,7 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 def device_memory(stages: Sequence[StageMemory]) -> StageMemory:
     """One device's memory when it runs several stages (interleaved and V schedules): their
     states, activations and receive buffers add up (each stage's activations at the device's
-    peak, as the schedule's `in_flight` counts them; every stage keeps its own buffers), and so
+    peak, as `in_flight_counts` counts them; every stage keeps its own buffers), and so
     do the stages' transients (a bound: one backward runs at a time, but the replay shows a
     stage's transient can meet another stage's peak of held activations), the reserve counts
     once."""
