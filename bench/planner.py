@@ -1,6 +1,7 @@
 """Planner benchmark: every strategy on a suite of heterogeneous clusters and models.
 
-    .venv/bin/python bench/planner.py [--quick] [--out docs/benchmarks-planner.md]
+    .venv/bin/python bench/planner.py [--quick] [--only CLUSTER[:MODEL] ...]
+        [--out docs/benchmarks-planner.md]
 
 The suite (`bench/scenarios/suite.yaml`) lists cluster files and a global batch for each; every
 cluster runs every model. Per scenario it prints each strategy's throughput, hpp's speed-up over
@@ -8,7 +9,8 @@ each baseline, every search time, and hpp's throughput as a fraction of the phys
 (every device training the whole model alone at its own speed, from the same layer costs: no
 bubbles, no communication, memory ignored). Every strategy plans on a fresh problem, so no search
 profits from another's caches. `--quick` runs the scenarios marked quick with one model (the
-smoke test's mode). `--out` writes the results as Markdown with the command that made them.
+smoke test's mode); `--only` the scenarios named (a subset while working). `--out` writes
+the results as Markdown with the command that made them.
 `--sharding` lets every strategy shard the optimizer state (`Problem.sharding_mode`; default
 none, the suite's setting).
 """
@@ -49,6 +51,12 @@ def scenarios(quick: bool) -> list[tuple[Path, str, int, int]]:
         for m in models:
             out.append((HERE / "scenarios" / s["cluster"], m, s["global_batch"], suite["seq_len"]))
     return out
+
+
+def _chosen(scenario: tuple[Path, str, int, int], only: list[str] | None) -> bool:
+    """Whether `--only` keeps this (cluster file, model, ...) scenario (None: every one)."""
+    cluster, model = scenario[0].stem, scenario[1]
+    return only is None or cluster in only or f"{cluster}:{model}" in only
 
 
 def run_one(
@@ -317,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write Markdown results here")
     ap.add_argument("--no-oracle", action="store_true", help="skip the oracle on small clusters")
     ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="CLUSTER[:MODEL]",
+        help="run only these scenarios: a cluster file's name without .yaml (gen-16), or one "
+        "of its models (gen-16:llama2-7b)",
+    )
+    ap.add_argument(
         "--schedules",
         nargs="*",
         metavar="NAME",
@@ -332,8 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     chunked = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
     schedules = chunked if args.schedules is None else tuple(args.schedules)
+    chosen = [x for x in scenarios(args.quick) if _chosen(x, args.only)]
+    if not chosen:
+        ap.error(f"--only {' '.join(args.only)}: no scenario of the suite matches")
     rows = []
-    for cluster_file, model, batch, seq in scenarios(args.quick):
+    for cluster_file, model, batch, seq in chosen:
         oracle = not args.no_oracle
         rows.append(run_one(cluster_file, model, batch, seq, oracle, schedules, args.sharding))
         print_row(rows[-1])

@@ -103,3 +103,20 @@ def test_devices_the_plan_leaves_idle_are_unused_not_mbs_or_imbalance(bench):
     assert on_two["unused"] == pytest.approx(0.0, abs=1e-12)
     assert got["efficiency"] == pytest.approx(on_two["efficiency"], rel=1e-9)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_only_runs_the_scenarios_named(bench, monkeypatch):
+    seen = []
+
+    def fake_plan(problem, name):
+        seen.append((problem.cluster.name, problem.model.name))
+        return PlanResult(name, None, None)
+
+    monkeypatch.setattr(bench, "plan", fake_plan)
+    monkeypatch.setattr(bench, "print_row", lambda row: None)
+    bench.main(["--only", "gen-16:llama2-7b", "mixed-8", "--no-oracle"])
+    got = sorted(set(seen))
+    assert [m for c, m in got if c.startswith("gen")] == ["llama2-7b"]
+    assert len([c for c, _ in got if not c.startswith("gen")]) == 3  # mixed-8's three models
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "no-such-cluster"])

@@ -53,7 +53,7 @@ def test_exact_plans_run_and_are_never_slower_than_hpp_or_a_baseline():
 
 def test_exact_finds_a_chunked_layout_the_default_search_misses():
     # bench/search_quality.py's first cluster: the default search (and hpp's exact path)
-    # end at 1.17089 s (four RTX-4090 + A100 in ZB-V, micro-batch 2); four A100 + RTX-4090, the
+    # end at 1.16231 s (four RTX-4090 + A100 in ZB-V, micro-batch 4); four A100 + RTX-4090, the
     # A100 first, in ZB-V at micro-batch 4 reach 1.15789 s.
     p = problem(cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1)), "gpt3-1.3b", 64, seq=2048)
     got = search_exact(p)

@@ -21,7 +21,7 @@ from hetpp.cost.params import (
     tied_copy_params,
 )
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.schedule import ScheduleSpec
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 
@@ -133,6 +133,66 @@ def _recv_table() -> dict:
     return json.loads(resources.files("hetpp.data").joinpath("recv_buffers.json").read_text())
 
 
+def in_flight_counts(
+    schedule: ScheduleSpec,
+    num_micro_batches: int,
+    num_devices: int,
+    costs: Sequence[LayerCosts],
+    layers: Sequence[tuple[int, int]],
+) -> tuple[int, ...]:
+    """Per stage of a pipeline (stage s holding `layers[s]` at `costs[s]`): the micro-batches
+    whose activations it is charged, `stage_memory`'s `num_in_flight`. One chunk: the stage's
+    own peak (`ScheduleSpec.in_flight`). Several stages per device: what each holds at the
+    moment its device holds the most bytes, replaying the device's order (torch's,
+    `ScheduleSpec.order`) with each stage's bytes per micro-batch, so that summed over a device's
+    stages (`device_memory`) they are the device's peak. Each stage's own peak summed would
+    count stages that peak at different moments as if together (interleaved-zb on 4 devices:
+    12 micro-batches where the device never holds more than 8)."""
+    num = len(layers)
+    m = num_micro_batches
+    if schedule.placement == "one":
+        return tuple(schedule.in_flight(s, num, m) for s in range(num))
+    held = [_held_bytes(c, *span) for c, span in zip(costs, layers)]
+    counts = [0] * num
+    for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
+        peak = max(states, key=lambda state: sum(held[s] * k for s, k in state))
+        for s, k in peak:
+            counts[s] = k
+    return tuple(counts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _holding_states(
+    name: str, num_devices: int, chunks: int, m: int
+) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
+    """Per device: the (stage, micro-batches held) of its stages after each forward of its
+    order (a forward is the only step that adds), those that another holds at least as many
+    of on every stage left out. A micro-batch is held from its forward to its backward, a split
+    one's W (which needs them), as `ScheduleSpec.in_flight` counts."""
+    spec = SCHEDULES[name]
+    out = []
+    for rank in range(num_devices):
+        stages = sorted({s for _, s, _ in spec.order(rank, num_devices, chunks, m)})
+        held = dict.fromkeys(stages, 0)
+        seen = set()
+        for kind, stage, _ in spec.order(rank, num_devices, chunks, m):
+            held[stage] += 1 if kind == "F" else -1 if kind in "BW" else 0
+            if kind == "F":
+                seen.add(tuple(held.items()))
+        out.append(tuple(
+            a for a in seen
+            if not any(b != a and all(kb >= ka for (_, ka), (_, kb) in zip(a, b)) for b in seen)
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def _held_bytes(costs: LayerCosts, start: int, end: int) -> float:
+    """What one in-flight micro-batch holds on the stage of layers [start, end): its layers'
+    saved activations and its output, less its input (a receive buffer)."""
+    inp, out = _boundary_at(costs, start, end)
+    return costs.saved(start, end) + out - inp
+
+
 def stage_memory(
     model: ModelSpec,
     train: TrainSpec,
@@ -154,13 +214,12 @@ def stage_memory(
     `recv_buffer_counts`)."""
     n = stage_params(model, start, end, costs.tp)
     inp, out = _boundary_at(costs, start, end)
-    held = costs.saved(start, end) + out - inp
     acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches, *(place or ()))
     return StageMemory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
         optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
-        activations=num_in_flight * held,
+        activations=num_in_flight * _held_bytes(costs, start, end),
         recv_buffers=acts * inp + grads * out,
         transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
         reserve=train.reserve_bytes,
@@ -267,7 +326,7 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 def device_memory(stages: Sequence[StageMemory]) -> StageMemory:
     """One device's memory when it runs several stages (interleaved and V schedules): their
     states, activations and receive buffers add up (each stage's activations at the device's
-    peak, as the schedule's `in_flight` counts them; every stage keeps its own buffers), and so
+    peak, as `in_flight_counts` counts them; every stage keeps its own buffers), and so
     do the stages' transients (a bound: one backward runs at a time, but the replay shows a
     stage's transient can meet another stage's peak of held activations), the reserve counts
     once."""

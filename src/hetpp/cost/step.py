@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
-from hetpp.cost.memory import StageMemory, device_memory, stage_memory
+from hetpp.cost.memory import StageMemory, device_memory, in_flight_counts, stage_memory
 from hetpp.cost.params import (
     ParamSums,
     replicated_params,
@@ -218,10 +218,10 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     done = backward_done_s(bwd, comm, total)
     if schedule.splits_backward:  # deferred weight-grads end every device late
         done = [total] * num
+    m = pipe.num_micro_batches
+    in_flight = in_flight_counts(schedule, m, d_count, costs, [st.layers for st in pipe.stages])
     rows = []
-    for s, st in enumerate(pipe.stages):
-        k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
-        m = pipe.num_micro_batches
+    for s, (st, k) in enumerate(zip(pipe.stages, in_flight)):
         place = (s, num, d_count)
         mem = stage_memory(cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place)
         rows.append(
