@@ -18,7 +18,7 @@ from hetpp.cost.params import (
     stepped_params,
     tied_copy_params,
 )
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, weight_grad_s
+from hetpp.cost.pipeline import pipeline_done_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -214,14 +214,11 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     ]
     schedule = pipe.schedule_in(train)
     num, d_count = len(pipe.stages), len(pipe.devices)
-    total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight)
-    done = backward_done_s(bwd, comm, total)
-    if schedule.splits_backward:  # deferred weight-grads end every device late
-        done = [total] * num
+    m = pipe.num_micro_batches
+    total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
     rows = []
     for s, st in enumerate(pipe.stages):
-        k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
-        m = pipe.num_micro_batches
+        k = schedule.in_flight(s, num, m, d_count)
         place = (s, num, d_count)
         mem = stage_memory(cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place)
         rows.append(
