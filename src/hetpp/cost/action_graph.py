@@ -64,7 +64,7 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> list[list[tuple]]:
     return out
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
     """The action graph of `schedule` on `num_devices` devices with `chunks` stages each and
     `m` micro-batches, in topological order: each device runs its steps until one waits for a
