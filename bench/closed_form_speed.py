@@ -5,11 +5,11 @@
 
 Per schedule, pipelines of 4, 8 and 16 devices (two chunks each under the multi-chunk
 schedules) with random stage and hop times, at 8, 16 and 32 micro-batches: microseconds of CPU
-time (`time.process_time`) per call, best of `--repeat`. The schedule orders that
-`first_reach_s` reads are cached per (schedule, devices, chunks, m), as in a search; the first
-call of each is timed apart ("cold"). `--against` loads another copy of the module (e.g. from
-an older commit: `git show REV:src/hetpp/cost/pipeline.py > OLD/pipeline.py`) and times it in
-the same run, side by side.
+time (`time.process_time`) per call, best of `--repeat`. The action graphs
+(`hetpp.cost.action_graph.graph`) are cached per (schedule, devices, chunks, m), as in a
+search; the first call of each is timed apart ("cold"). `--against` loads another copy of the
+module (e.g. from an older commit: `git show REV:src/hetpp/cost/pipeline.py > OLD/pipeline.py`)
+and times it in the same run, side by side.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import hetpp.cost.pipeline as current
+from hetpp.cost.action_graph import graph
 from hetpp.specs.schedule import SCHEDULES
 
 
@@ -63,9 +64,7 @@ def per_call_us(mod, items: list[tuple], calls: int, repeat: int) -> float:
 
 
 def cold_us(items: list[tuple]) -> float:
-    if not hasattr(current, "_device_steps"):
-        return 0.0
-    current._device_steps.cache_clear()
+    graph.cache_clear()
     t0 = time.process_time()
     for args in items:
         current.pipeline_time_s(*args)
@@ -79,7 +78,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     other = load(args.against) if args.against else None
-    head = "| schedule | calls | now: us per call | now, cold orders |"
+    head = "| schedule | calls | now: us per call | now, cold graphs |"
     print(head + (" against: us per call | ratio |" if other else ""))
     print("|---" * (4 + 2 * bool(other)) + "|")
     for name in SCHEDULES:

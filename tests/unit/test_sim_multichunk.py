@@ -200,7 +200,7 @@ def test_one_round_runs_the_chunks_as_flow_lines(name, m):
     # 4 devices, 2 chunks, m < 2D: one round. Device 0's first chunk holds the embedding (3 s),
     # device 3's second the head (3 s); every device's total is 4.5 s or less. Device 0 paces
     # the chunk-0 flows, device 3 its turn, one after the other: the busiest device's beat
-    # alone was 25-29% short. The one-round line is the replay's critical path here.
+    # alone was 25-29% short. The action graph is the replay here.
     f = [3.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 3.0]
     b = [2 * x for x in f]
     sim = simulate_pipeline(f, b, [0.0] * 7, m, name, 4).makespan_s
@@ -228,7 +228,7 @@ def test_a_slow_hop_paces_a_zero_bubble_loop(m):
 def test_one_round_with_a_busiest_device_is_that_device_busy_throughout(name, m):
     # Device 1 holds both heavy chunks (12 s of work per micro-batch, the others 6 s), one
     # round: it runs from the first micro-batch's arrival to its last backward without a gap.
-    # The steady line's fill and beat charged 4-11% more; the busy-device path is the replay.
+    # The steady line's fill and beat charged 4-11% more; the action graph is the replay.
     f = [1.0, 2.0, 1.0, 1.0, 1.0, 2.0, 1.0, 1.0]
     b = [2 * x for x in f]
     sim = simulate_pipeline(f, b, [0.0] * 7, m, name, 4).makespan_s

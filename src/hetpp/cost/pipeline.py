@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
+from hetpp.cost.action_graph import device_ends_s
 from hetpp.cost.comm import p2p_time_s
 from hetpp.cost.compute import LayerCosts
 from hetpp.specs.cluster import Link
-from hetpp.specs.schedule import SCHEDULES, _rounds
+from hetpp.specs.schedule import SCHEDULES
 
 Times = Sequence[float]
 
@@ -179,165 +179,8 @@ def _chunked_fill(placement: str, split_backward: bool):
     return fill
 
 
-def _chunked_few(placement: str, split_backward: bool, turn_weight: bool = False):
-    def few(
-        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
-    ) -> tuple[float, float]:
-        """With fewer micro-batches than it takes to fill the loop (interleaved: m < D; ZB-V:
-        m < 2D - 1) the schedules cannot reach their steady state: the first micro-batch's
-        whole path (its weight-grads, when split, left to the end but the first stage's, and,
-        `turn_weight`, the V turn's: ZB-V's order runs stage D's W before stage D-1's
-        input-grad on the turning device), then each further one a chunk's share of the beat
-        (a split backward's share: the beat less the busiest device's weight-grads, which wait
-        for the drain)."""
-        v = len(fwd_s) / num_devices
-        beat = _busiest_s(fwd_s, bwd_s, placement, num_devices)
-        path = sum(fwd_s) + sum(bwd_s) + 2 * sum(comm_s)
-        if not split_backward:
-            return float(path), float(beat / v)
-        weights = np.zeros(num_devices)
-        spec = next(s for s in SCHEDULES.values() if s.placement == placement)
-        for s, w in enumerate(weight_s):
-            weights[spec.device_index(s, num_devices)] += w
-        kept = weight_s[0] + (weight_s[num_devices] if turn_weight else 0.0)
-        return float(path - sum(weight_s) + kept), float(beat - weights.max())
-
-    return few
-
-
-def _one_round(split_backward: bool):
-    def lines(
-        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
-    ) -> list[tuple[float, float]]:
-        """An interleaved schedule whose micro-batches make one round (torch's flex rule:
-        `m < 2D`) never reaches the lock-step the steady line assumes: each device runs all
-        its chunk-0 forwards, then the later chunks', the last device turns chunk v-1 round one
-        micro-batch after another, then every device runs its chunk-0 backwards. So the chunks
-        run as flow lines one after another, and a device holding a heavy chunk (the
-        embedding's, the head's) paces its chunk's flow alone: their paces add where the
-        busiest device's total work does not say so. The line is one path through the replay
-        (a lower bound on it): chunk 0's forward flow (paced by its slowest forward), the last
-        device's middle chunks and its turn (split: its first D - 1 turns leave their W for
-        later), chunk 0's backward flow (split: the input-grads travel, each device's W's
-        follow its own). It stands in for the steady line; `_busy_devices` still holds."""
-        d = num_devices
-        f = np.reshape(fwd_s, (-1, d))  # [chunk, device]
-        b = np.reshape(bwd_s, (-1, d))
-        w = np.reshape(weight_s, (-1, d))
-        hop = np.asarray(comm_s[: d - 1], dtype=float)  # chunk 0's own hops
-        middle = float(f[1:-1, -1].sum() + b[1:-1, -1].sum())
-        turn = f[-1, -1] + b[-1, -1]
-        first = f[0].sum() + 2 * hop.sum() + middle + turn + b[0].sum()
-        if split_backward:
-            first += -(d - 1) * w[-1, -1] - w[0, 1:].sum()
-        return [(float(first), float(f[0].max() + middle + turn + b[0].max()))]
-
-    return lines
-
-
-def _busy_devices(placement: str, split_backward: bool):
-    def lines(
-        fwd_s: Times, bwd_s: Times, comm_s: Times, num_devices: int, weight_s: Times
-    ) -> list[tuple[float, float]]:
-        """Per device one path through the replay, at any m: the first micro-batch reaching it
-        (chunk 0 runs down the devices in both placements), all its work, then (unsplit) its
-        last backward's way back to the first device (a split one ends on its own W's)."""
-        d = num_devices
-        hop = np.asarray(comm_s[: d - 1], dtype=float)
-        reach = np.concatenate([[0.0], np.cumsum(np.asarray(fwd_s[: d - 1]) + hop)])
-        back = np.concatenate([[0.0], np.cumsum(np.asarray(bwd_s[: d - 1]) + hop)])
-        work = _device_work(fwd_s, bwd_s, placement, d)
-        ends = reach + (0.0 if split_backward else back)
-        return [(float(e + x), float(x)) for e, x in zip(ends, work)]
-
-    return lines
-
-
-PARTS = {"F": 0, "B": 1, "I": 1, "W": 2}
-"""Index of a compute step's part in `_device_steps` (a whole backward B counts as its
-input-grad part I, its W part then taking 0 s)."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _device_steps(name: str, num_devices: int, chunks: int, m: int) -> tuple:
-    """Every device's compute steps in the schedule's order as `[D, L]` arrays: the step's
-    (stage, part) as `3 stage + part`, and its micro-batch; a device with fewer steps (some
-    backwards whole, others split) is padded at its end with `3 S`, a step of nothing."""
-    spec = SCHEDULES[name]
-    orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
-    size, pad = max(map(len, orders)), 3 * num_devices * chunks
-    code = np.full((num_devices, size), pad)
-    k = np.zeros((num_devices, size))
-    for d, o in enumerate(orders):
-        code[d, : len(o)] = [3 * s + PARTS[kind] for kind, s, _ in o]
-        k[d, : len(o)] = [j for _, _, j in o]
-    return code, k
-
-
-@functools.lru_cache(maxsize=256)
-def _afters(num: int) -> np.ndarray:
-    """`_after` of every (stage, part), `[S, 3, 4 S - 1]`."""
-    return np.stack([[_after(num, t, part) for part in range(3)] for t in range(num)])
-
-
-def _after(num: int, stage: int, part: int) -> np.ndarray:
-    """Coefficients over `[f, i, w, c]` of what must still run after a step, on its
-    micro-batch: after an input-grad (or whole backward) at `stage` the ones below it with
-    their hops, then (split) stage 0's W; nothing after a W; after a forward the rest of the
-    way down and everything back."""
-    row = np.zeros(4 * num - 1)
-    below = np.arange(num) < stage
-    if part == 1:
-        row[num : 2 * num] = below
-        row[3 * num :] = below[: num - 1]
-    elif part == 0:
-        row[1 + stage : num] = 1.0
-        row[num : 2 * num] = 1.0
-        row[3 * num :] = 1.0 + (np.arange(num - 1) >= stage)
-    if (part != 2 and stage > 0) or part == 0:
-        row[2 * num] = 1.0  # stage 0's W (0 s when backwards are whole)
-    return row
-
-
-def first_reach_s(
-    fwd_s: Times, bwd_s: Times, comm_s: Times, m: int, schedule: str, num_devices: int,
-    weight_s: Times,
-) -> float:  # fmt: skip
-    """The longest of a family of paths through the replay, read off the schedule's order:
-    a step of a device, the device's steps from it up to a later one, then what must still
-    run after that one on its micro-batch (`_after`). A step cannot start before its
-    micro-batch's own way reaches it (forwards down every stage and hop, then the
-    input-grads, or whole backwards, back up to it; a W after its I), and micro-batch k's
-    no earlier than the first's plus k times the slowest stage or hop on that way: each stage
-    runs its micro-batches in order, and a link carries them in order. The device holding the
-    last stages waits for the forwards to come down the pipeline at the pace of its slowest
-    stage, device 0 for the first backward to come back, and whatever either has left then
-    runs one step after another. Links are free beyond that, so it is a lower bound on the
-    replay (exact for one micro-batch on a loop); `[D, L]` numpy over the devices' orders."""
-    num = len(fwd_s)
-    f, b = np.asarray(fwd_s, dtype=float), np.asarray(bwd_s, dtype=float)
-    w = np.asarray(weight_s, dtype=float) if SCHEDULES[schedule].splits_backward else 0.0 * b
-    i, c = b - w, np.asarray(comm_s, dtype=float)
-    f_start = np.concatenate([[0.0], np.cumsum(f[:-1] + c)])
-    i_start = f_start[-1] + f[-1] + np.concatenate([np.cumsum((i[1:] + c)[::-1])[::-1], [0.0]])
-    way = np.stack([f_start, i_start, i_start + i], axis=1)  # [stage, part]
-    down = np.maximum.accumulate(np.concatenate([f[:1], np.maximum(f[1:], c)]))
-    up = np.maximum.accumulate(np.concatenate([np.maximum(i[:-1], c), i[-1:]])[::-1])[::-1]
-    pace = np.maximum(up, down[-1])
-    pace = np.stack([down, pace, pace], axis=1)
-    took = np.stack([f, i, w], axis=1)
-    after = _afters(num) @ np.concatenate([f, i, w, c])  # [stage, part]
-    code, k = _device_steps(schedule, num_devices, num // num_devices, m)
-    dur = np.append(took, 0.0)[code]  # the padding takes nothing and starts nothing
-    done = np.cumsum(dur, axis=1)
-    start = np.append(way, -np.inf)[code] + k * np.append(pace, 0.0)[code] - (done - dur)
-    end = (done + np.append(after, 0.0)[code])[:, ::-1]
-    end = np.maximum.accumulate(end, axis=1)[:, ::-1]
-    return float((start + end).max())
-
-
 class TimingRule(NamedTuple):
-    """How a schedule's pipeline time `fill + (m - 1) * beat` is made. All take
+    """How a schedule's pipeline time is made. `fill` and `beat` take
     `(fwd_s, bwd_s, comm_s, num_devices, weight_s)` (per stage; `weight_s` is the W part of each
     backward, read by the split-backward rules)."""
 
@@ -345,63 +188,22 @@ class TimingRule(NamedTuple):
     """Seconds of the first micro-batch through all stages and back (fill and drain)."""
     beat: Callable[..., float]
     """Steady-state seconds each further micro-batch adds."""
-    few: Callable[..., tuple[float, float]] | None = None
-    """A second line `(fill, beat)` the time never falls below, for schedules whose steady
-    state needs more micro-batches than they may run (`pipeline_time_s` takes the larger; the
-    planner's data balance reads the first line only, and the full cost judges its plans)."""
-    paths: Callable[..., list[tuple[float, float]]] | None = None
-    """More such lines, each one path through the replay at any m (a lower bound)."""
-    one_round: Callable[..., list[tuple[float, float]]] | None = None
-    """For interleaved schedules whose micro-batches make one round (`m < 2D`): lines that
-    replace the first, since no steady state forms; the chunks run as flow lines one after
-    another."""
-    first_reach: bool = False
-    """The time never falls below `first_reach_s` (read off the schedule's order for the
-    pipeline's m, so not a line: the planner's data balance does not see it)."""
-    steady_needs_hops: bool = False
-    """The first line holds only where the beat is above the busiest device's work (hops
-    join the lock-step): otherwise its fill charges every device the whole bubble, which the
-    devices with less work absorb, and the per-device paths and `first_reach_s` set the time
-    (interleaved 1F1B: up to 9% over the replay on the benchmark plans)."""
+    exact: bool = False
+    """The time is the longest path through the schedule's action graph
+    (`hetpp.cost.action_graph`), the simulator's time; `fill + (m - 1) * beat` then stays the
+    planner's data-balance line only (`fill_and_beat`). Otherwise the time is that line."""
 
 
 TIMING_RULES: dict[str, TimingRule] = {
     "lockstep": TimingRule(_traversal_fill, _lockstep_beat),
     "flow-lines": TimingRule(_traversal_fill, _flow_lines_beat),
-    # no few-micro-batch line either: `first_reach_s` holds there, the line was up to 9% over
-    "interleaved": TimingRule(
-        _chunked_fill("loop", False),
-        _chunked_beat("loop"),
-        None,
-        _busy_devices("loop", False),
-        _one_round(False),
-        first_reach=True,
-        steady_needs_hops=True,
-    ),
-    # no few-micro-batch line: it charged the first micro-batch's whole path and then a beat
-    # share per further one, up to 10% over the replay on the benchmark plans with m <= D;
-    # `first_reach_s` is a path through the replay there (docs/benchmarks-sim.md)
-    "zero-bubble": TimingRule(
-        _chunked_fill("loop", True),
-        _chunked_beat("loop", True),
-        None,
-        _busy_devices("loop", True),
-        _one_round(True),
-        first_reach=True,
-    ),
+    "interleaved": TimingRule(_chunked_fill("loop", False), _chunked_beat("loop"), exact=True),
+    "zero-bubble": TimingRule(_chunked_fill("loop", True), _chunked_beat("loop", True), exact=True),
     "zero-bubble-v": TimingRule(
-        _chunked_fill("v", True),
-        _chunked_beat("v", turns=V_TURNS["zbv"]),
-        _chunked_few("v", True, turn_weight=True),
-        _busy_devices("v", True),
-        first_reach=True,
+        _chunked_fill("v", True), _chunked_beat("v", turns=V_TURNS["zbv"]), exact=True
     ),
     "dualpipe-v": TimingRule(
-        _chunked_fill("v", True),
-        _chunked_beat("v", turns=V_TURNS["dualpipev"]),
-        _chunked_few("v", True),
-        _busy_devices("v", True),
-        first_reach=True,
+        _chunked_fill("v", True), _chunked_beat("v", turns=V_TURNS["dualpipev"]), exact=True
     ),
 }
 """Timing rules by the name a `hetpp.specs.schedule.ScheduleSpec` gives."""
@@ -433,37 +235,39 @@ def pipeline_time_s(
     num_devices: int | None = None,
     weight_s: Times | None = None,
 ) -> float:
-    """Time from the first forward to the last backward of one step: `fill + (m - 1) * beat`.
+    """Time from the first forward to the last backward of one step.
 
     `comm_s[s]` is the one-way activation (and gradient) transfer time between stage s and s+1
-    (length S-1). The fill and drain traverse every stage once in each direction; `beat_s` paces
-    the other m-1 micro-batches. Exact for GPipe. For 1F1B exact with free links when the last
-    stage is the slowest; when an earlier stage paces, its warm-up forwards overlap the round
-    trip behind it, which the fill still charges, so the form is pessimistic there (the simulator
-    finds it within 5% on the plans of docs/benchmarks-sim.md). Multi-chunk schedules run on
-    `num_devices` devices; their time is the largest of several lines (`TimingRule`): the
-    steady one (in one round of an interleaved schedule, the flow-line path instead), the
-    one for few micro-batches (V schedules), one per device kept busy throughout, and the
-    paths read off the schedule's order (`first_reach_s`); on a loop the steady one only
-    where hops pace it (`TimingRule.steady_needs_hops`)."""
+    (length S-1). GPipe: `fill + (m - 1) * beat` (exact: its phases are flow lines). The other
+    schedules (`TimingRule.exact`): the longest path through the schedule's action graph on
+    `num_devices` devices, which is the event simulator's time for the pipeline."""
+    return pipeline_done_s(
+        fwd_s, bwd_s, comm_s, num_micro_batches, schedule, num_devices, weight_s
+    )[0]
+
+
+def pipeline_done_s(
+    fwd_s: Times,
+    bwd_s: Times,
+    comm_s: Times,
+    num_micro_batches: int,
+    schedule: str = "1f1b",
+    num_devices: int | None = None,
+    weight_s: Times | None = None,
+) -> tuple[float, list[float]]:
+    """`pipeline_time_s` and when each stage's device ends its last step (its gradient
+    buckets are ready then: the simulator's sync waits for a device's whole program). With
+    the action graph that is read off it per device; GPipe's stage s ends its backwards
+    `backward_done_s` before the end."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
-    if rule.one_round and _rounds(args[3], num_micro_batches)[0] == 1:
-        lines = rule.one_round(*args)
-    else:
-        lines = [(rule.fill(*args), rule.beat(*args))]
-        busiest = _busiest_s(fwd_s, bwd_s, "loop", args[3]) if rule.steady_needs_hops else 0.0
-        if rule.steady_needs_hops and lines[0][1] <= busiest * (1 + 1e-9):  # (a loop's rule)
-            lines = []
-    lines += [rule.few(*args)] if rule.few else []
-    lines += rule.paths(*args) if rule.paths else []
-    time = max(steady_time_s(fill, beat, num_micro_batches) for fill, beat in lines)
-    if rule.first_reach:
-        fwd, bwd, comm, d_count, weight = args
-        time = max(
-            time, first_reach_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
-        )
-    return float(time)
+    if not rule.exact:
+        total = steady_time_s(rule.fill(*args), rule.beat(*args), num_micro_batches)
+        return float(total), backward_done_s(bwd_s, comm_s, total)
+    fwd, bwd, comm, d_count, weight = args
+    ends = device_ends_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
+    spec = SCHEDULES[schedule]
+    return float(ends.max()), [float(ends[spec.device_index(s, d_count)]) for s in range(len(fwd))]
 
 
 def steady_time_s(fill_s, beat_s, num_micro_batches):

@@ -18,7 +18,7 @@ from hetpp.cost.params import (
     stepped_params,
     tied_copy_params,
 )
-from hetpp.cost.pipeline import backward_done_s, pipeline_time_s, stage_times, weight_grad_s
+from hetpp.cost.pipeline import pipeline_done_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -214,11 +214,8 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     ]
     schedule = pipe.schedule_in(train)
     num, d_count = len(pipe.stages), len(pipe.devices)
-    total = pipeline_time_s(fwd, bwd, comm, pipe.num_micro_batches, schedule.name, d_count, weight)
-    done = backward_done_s(bwd, comm, total)
-    if schedule.splits_backward:  # deferred weight-grads end every device late
-        done = [total] * num
     m = pipe.num_micro_batches
+    total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
     in_flight = in_flight_counts(schedule, m, d_count, costs, [st.layers for st in pipe.stages])
     rows = []
     for s, (st, k) in enumerate(zip(pipe.stages, in_flight)):
