@@ -11,32 +11,82 @@ pipelines' end, so its times are negative)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
+import numpy as np
+
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 K = TypeVar("K", bound=Hashable)
 
 
 def run_buckets(
-    buckets: Sequence[tuple[Sequence[K], float]], done: Mapping[K, float]
+    buckets: Sequence[tuple[Sequence[K], float]],
+    done: Mapping[K, float],
+    ready_s: Sequence[float] | None = None,
 ) -> tuple[list[tuple[float, float, float]], dict[K, float]]:
-    """Time all-reduces in the order given. Each `(owners, seconds)` is ready when all its
-    owners have finished backward (`done`) and starts once they are also free of the earlier
-    ones (one collective at a time per owner, the same order everywhere: no deadlock).
+    """Time all-reduces in the order given. Each `(owners, seconds)` is ready when its
+    gradients are final: `ready_s[i]` where given (a bucket of one model chunk, once that
+    chunk's stages have run their last backward), else once all its owners have finished
+    backward (`done`). It starts once its owners are also free of the earlier ones (one
+    collective at a time per owner, the same order everywhere: no deadlock).
 
-    Returns each bucket's (ready, start, end) and when every owner is free after the last."""
-    free = dict(done)
+    Returns each bucket's (ready, start, end) and when every owner is free after the last (its
+    `done` if it has no bucket)."""
+    busy: dict[K, float] = {}
     out = []
-    for owners, seconds in buckets:
-        ready = max(done[o] for o in owners)
-        start = max(ready, *(free[o] for o in owners))
+    for i, (owners, seconds) in enumerate(buckets):
+        ready = max(done[o] for o in owners) if ready_s is None else ready_s[i]
+        start = max(ready, *(busy.get(o, ready) for o in owners))
         end = start + seconds
         for o in owners:
-            free[o] = end
+            busy[o] = end
         out.append((ready, start, end))
-    return out, free
+    return out, {k: max(t, busy.get(k, t)) for k, t in done.items()}
+
+
+def grads_final_s(
+    schedule: ScheduleSpec,
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    weight_s: Sequence[float],
+    num_micro_batches: int,
+    num_devices: int,
+    end_s: float,
+) -> np.ndarray:
+    """When each stage of a pipeline has its parameter gradients final (its last whole
+    backward, or under a split backward its last weight-grad action), counted back from the
+    pipeline's end along its device's order: `end_s` less the compute the device runs after
+    that step. A bound from above (waits for transfers in that tail only move it earlier); a
+    device running several chunks finishes its later chunks first, which is what lets their
+    buckets start before the device is done."""
+    counts = _steps_after_last_grad(
+        schedule.name, num_devices, len(fwd_s) // num_devices, num_micro_batches
+    )
+    f, b, w = (np.asarray(x, float) for x in (fwd_s, bwd_s, weight_s))
+    return end_s - (counts[:, 0] @ f + counts[:, 1] @ (b - w) + counts[:, 2] @ w)
+
+
+@functools.lru_cache(maxsize=4096)
+def _steps_after_last_grad(name: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
+    """`[S, 3, S]`: per stage, the forwards, input-grad parts and weight-grad parts of each
+    stage that its device runs after the stage's last step writing weight gradients (a whole
+    backward counts as both parts)."""
+    spec, num = SCHEDULES[name], num_devices * chunks
+    out = np.zeros((num, 3, num))
+    for d in range(num_devices):
+        after, seen = np.zeros((3, num)), set()
+        for kind, s, _ in reversed(spec.order(d, num_devices, chunks, m)):
+            if kind in ("B", "W") and s not in seen:
+                seen.add(s)
+                out[s] = after
+            parts = {"F": (0,), "I": (1,), "W": (2,), "B": (1, 2)}[kind]
+            for part in parts:
+                after[part, s] += 1
+    return out
 
 
 def optimizer_step_s(state_bytes: float, mem_bw_bytes_per_s: float) -> float:
