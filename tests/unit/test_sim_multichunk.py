@@ -8,6 +8,7 @@ from test_sim_plan import EXAMPLES
 
 from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.cost.step import cost_model_for_plan, device_memories, stage_costs, step_cost
+from hetpp.cost.sync import grads_final_s
 from hetpp.sim import compare_with_cost, simulate_pipeline, simulate_plan
 from hetpp.sim.schedule import format_actions, rank_actions
 from hetpp.sim.trace import COMPUTE, Kind
@@ -171,6 +172,29 @@ def test_a_device_finishes_its_later_chunks_first(name):
             order = spec.order(d, num_ranks, chunks, m)
             last = {s: i for i, (kind, s, _) in enumerate(order) if kind in ("B", "W")}
             assert sorted(last, key=last.get) == sorted(last, reverse=True), (num_ranks, m, d)
+
+
+def test_grads_final_counts_back_along_the_device_order():
+    # ZB-V, 2 devices, 2 micro-batches: device 1 ends 2W1 1I1 1W1 (see above), so stage 2's
+    # gradients are final one whole backward of stage 1 (I + W = 3 s) before the end.
+    f, b, w = [1.0] * 4, [2.0, 3.0, 5.0, 7.0], [1.0, 1.0, 2.0, 3.0]
+    done = grads_final_s(SCHEDULES["zbv"], f, b, w, 2, 2, 100.0)
+    assert done[1] == 100.0 and done[2] == 97.0
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_grads_final_bounds_the_replay_from_above(name):
+    spec = SCHEDULES[name]
+    rng = np.random.default_rng(1)
+    for num_ranks, chunks, m in _cases(spec):
+        num = num_ranks * chunks
+        f = list(rng.uniform(0.5, 1.5, num))
+        b, w = [2 * x for x in f], [0.8 * x for x in f]
+        tr = simulate_pipeline(f, b, [0.1] * (num - 1), m, name, num_ranks, w)
+        writes = np.isin(tr.kind, [Kind.B, Kind.W])
+        replay = [tr.end[writes & (tr.stage == s)].max() for s in range(num)]
+        done = grads_final_s(spec, f, b, w, m, num_ranks, max(replay))
+        assert all(d >= r - 1e-9 for d, r in zip(done, replay)), (num_ranks, chunks, m)
 
 
 @pytest.mark.parametrize("name", MULTI)

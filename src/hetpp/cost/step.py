@@ -7,8 +7,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
@@ -64,8 +62,8 @@ class StageCost:
 
 @dataclass(frozen=True)
 class SyncBucket:
-    """Gradient blocks with one owner set, all-reduced as one flat buffer (sharded: its
-    reduce-scatter, or its parameters' all-gather in `StepCost.gathers`)."""
+    """Gradient blocks with one owning stage per pipeline, all-reduced as one flat buffer
+    (sharded: its reduce-scatter, or its parameters' all-gather in `StepCost.gathers`)."""
 
     owners: tuple[int, ...]
     blocks: tuple[tuple[int, int], ...]
@@ -231,8 +229,8 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     if num > d_count:  # chunks: a device finishes its later chunks first
         final = grads_final_s(schedule, fwd, bwd, weight, pipe.num_micro_batches, d_count, total)
         # a split backward's last W is not bound by the chain of input-grads down the pipeline
-        done = final if schedule.splits_backward else np.minimum(done, final)
-        done = [float(x) for x in done]
+        chain = [float("inf")] * num if schedule.splits_backward else done
+        done = [min(a, float(b)) for a, b in zip(chain, final)]
     rows = []
     for s, st in enumerate(pipe.stages):
         k = schedule.in_flight(s, num, pipe.num_micro_batches, d_count)
