@@ -45,14 +45,24 @@ def _cases(spec):
                     yield num_ranks, chunks, m
 
 
+def _replays(name: str, seed: int, weight: float | None = None):
+    """Every case of `_cases`, replayed with random forward times, backwards of twice that and
+    weight-grad parts of `weight` times the forward (None: `weight_grad_s`'s split): yields
+    (num_ranks, chunks, m), the forward, backward and W times, and the trace."""
+    rng = np.random.default_rng(seed)
+    for num_ranks, chunks, m in _cases(SCHEDULES[name]):
+        num = num_ranks * chunks
+        f = list(rng.uniform(0.5, 1.5, num))
+        b, w = [2 * x for x in f], None if weight is None else [weight * x for x in f]
+        tr = simulate_pipeline(f, b, [0.1] * (num - 1), m, name, num_ranks, w)
+        yield (num_ranks, chunks, m), f, b, w, tr
+
+
 @pytest.mark.parametrize("name", MULTI)
 def test_every_order_runs_without_deadlock_and_does_every_step_once(name):
     spec = SCHEDULES[name]
-    rng = np.random.default_rng(0)
-    for num_ranks, chunks, m in _cases(spec):
+    for (num_ranks, chunks, m), _, _, _, tr in _replays(name, 0):
         num = num_ranks * chunks
-        f = list(rng.uniform(0.5, 1.5, num))
-        tr = simulate_pipeline(f, [2 * x for x in f], [0.1] * (num - 1), m, name, num_ranks)
         for s in range(num):
             done = {k: sorted(tr.index[(tr.stage == s) & (tr.kind == k)]) for k in Kind}
             assert done[Kind.F] == list(range(m))
@@ -184,16 +194,10 @@ def test_grads_final_counts_back_along_the_device_order():
 
 @pytest.mark.parametrize("name", MULTI)
 def test_grads_final_bounds_the_replay_from_above(name):
-    spec = SCHEDULES[name]
-    rng = np.random.default_rng(1)
-    for num_ranks, chunks, m in _cases(spec):
-        num = num_ranks * chunks
-        f = list(rng.uniform(0.5, 1.5, num))
-        b, w = [2 * x for x in f], [0.8 * x for x in f]
-        tr = simulate_pipeline(f, b, [0.1] * (num - 1), m, name, num_ranks, w)
+    for (num_ranks, chunks, m), f, b, w, tr in _replays(name, 1, weight=0.8):
         writes = np.isin(tr.kind, [Kind.B, Kind.W])
-        replay = [tr.end[writes & (tr.stage == s)].max() for s in range(num)]
-        done = grads_final_s(spec, f, b, w, m, num_ranks, max(replay))
+        replay = [tr.end[writes & (tr.stage == s)].max() for s in range(num_ranks * chunks)]
+        done = grads_final_s(SCHEDULES[name], f, b, w, m, num_ranks, max(replay))
         assert all(d >= r - 1e-9 for d, r in zip(done, replay)), (num_ranks, chunks, m)
 
 
