@@ -166,6 +166,29 @@ CASES = {
         "dualpipev",
         {"fp64": True, "optimizer": "sgd", "lr": 0.1, "eval_every": 2, "eval_batches": 1},
     ),
+    # A bucket per model chunk (`grad_buckets`): pipelines cut alike beside a one-stage one, so
+    # every device's two chunks have the same owners and still sync as two buckets, the later
+    # chunk's while the device runs the other. Every multi-chunk schedule, three pipelines each.
+    "gpt-3pipes-interleaved2x2+izb2x2+1stage-chunk-buckets": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 0, 1], [0, 1, 3, 4, 6], 1, 4, schedule="interleaved-1f1b"),
+            pipeline([2, 3, 2, 3], [0, 1, 3, 4, 6], 1, 4, schedule="interleaved-zb"),
+            pipeline([4], [0, 6], 2, 1),
+        ],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
+    "llama-3pipes-zbv2x2+dualpipev2x2+gpipe1-chunk-buckets": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 1, 0], [0, 2, 3, 5, 6], 1, 4, schedule="zbv"),
+            pipeline([2, 3, 3, 2], [0, 2, 3, 5, 6], 1, 4, schedule="dualpipev"),
+            pipeline([4], [0, 6], 2, 1, schedule="gpipe"),
+        ],
+        "1f1b",
+        {"fp64": True},
+    ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],

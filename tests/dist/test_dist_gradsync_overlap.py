@@ -56,9 +56,11 @@ def _record(log: list[tuple]) -> None:
     TimedStage.backward_weight_one_chunk, GradSync._start, GradSync.sync = wgt, started, synced
 
 
-def _starts(rank: int, world: int, init: str, path: str) -> list[list[tuple[int, int, int]]]:
-    """Per step of two: (bucket, index of the action it started in, index of the action that
-    completed it and every bucket before it); -1 for a bucket started in `sync`."""
+def _starts(rank: int, world: int, init: str, path: str) -> tuple[int, list]:
+    """This rank's number of stages, and per step of two: (rows, index of its last action that
+    writes weight gradients), a row per bucket: (bucket, index of the action it started in,
+    index of the action that completed it and every bucket before it); -1 for a bucket started
+    in `sync`."""
     log: list[tuple] = []
     _record(log)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -84,9 +86,9 @@ def _starts(rank: int, world: int, init: str, path: str) -> list[list[tuple[int,
             if e[0] == "start":
                 b = e[1]
                 rows.append((b, -1 if in_sync else seen, max(done[: b + 1])))
-        out.append(rows)
+        out.append((rows, max(last.values())))
     dist.destroy_process_group()
-    return out
+    return len(t.role.stages), out
 
 
 # Both pipelines' stages are cut differently, so each rank has buckets of several blocks, and
@@ -121,8 +123,12 @@ def test_every_bucket_starts_in_the_action_that_completes_it(schedule, tmp_path)
     path = tmp_path / "plan.json"
     plan.save(path)
     results = run_ranks(_starts, plan.num_devices, str(path))
-    for rank, steps in enumerate(results):
-        for rows in steps:
+    for rank, (chunks, steps) in enumerate(results):
+        for rows, last in steps:
             assert rows, f"rank {rank} has no buckets"
             assert [b for b, _, _ in rows] == list(range(len(rows)))  # `grad_buckets` order
             assert all(got == want for _, got, want in rows), (rank, rows)
+            # A bucket per model chunk: a rank running two chunks starts its first chunk's
+            # sync while its other chunk still has weight gradients to write (one bucket for
+            # both, as the buckets were first built, would wait for the rank's last action).
+            assert chunks == 1 or rows[0][1] < last, (rank, rows, last)

@@ -4,7 +4,7 @@ hand-made pipelines of every schedule: both sides computed, nothing recorded."""
 import numpy as np
 import pytest
 
-from hetpp.cost.action_graph import device_ends_s
+from hetpp.cost.action_graph import path_ends_s
 from hetpp.cost.pipeline import beat_s, pipeline_done_s, pipeline_time_s
 from hetpp.sim import simulate_pipeline
 from hetpp.sim.trace import COMPUTE
@@ -48,21 +48,25 @@ def test_the_action_graph_is_the_replay(name):
                     if spec.micro_batch_problem(num_devices * chunks, num_devices, m):
                         continue
                     trace = simulate_pipeline(f, b, c, m, name, num_devices, w)
-                    ends = device_ends_s(f, b, c, m, name, num_devices, w)
+                    ends = path_ends_s(f, b, c, m, name, num_devices, w).devices_s
                     last = trace.last_end_per_rank(COMPUTE)
                     assert ends == pytest.approx(last, rel=1e-12, abs=1e-12), (num_devices, m)
                     assert ends.max() == pytest.approx(trace.makespan_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", MULTI)
-def test_multi_chunk_time_and_device_ends_are_the_graphs(name):
-    # what the step cost reads: the pipeline's time, and per stage its device's end
+def test_multi_chunk_time_and_grads_final_are_the_graphs(name):
+    # what the step cost reads: the pipeline's time, and per stage when its gradients are final
+    # (never after its device's end; on the device's last stage exactly then)
     spec, rng = SCHEDULES[name], np.random.default_rng(3)
     f, b, c, w = _random_pipeline(rng, name, 3, 2, 0.8)
-    ends = device_ends_s(f, b, c, 7, name, 3, w)
+    ends = path_ends_s(f, b, c, 7, name, 3, w)
     total, done = pipeline_done_s(f, b, c, 7, name, 3, w)
-    assert total == pipeline_time_s(f, b, c, 7, name, 3, w) == ends.max()
-    assert done == [ends[spec.device_index(s, 3)] for s in range(6)]
+    assert total == pipeline_time_s(f, b, c, 7, name, 3, w) == ends.devices_s.max()
+    assert done == ends.grads_final_s.tolist()
+    device = [ends.devices_s[spec.device_index(s, 3)] for s in range(6)]
+    assert all(d <= e for d, e in zip(done, device))
+    assert max(done) == total
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))

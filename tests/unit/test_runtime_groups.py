@@ -78,8 +78,17 @@ def test_a_rank_of_a_multi_chunk_pipeline_owns_every_stage_placed_on_it():
     assert ranks.pipelines == ((3, 1), (0, 2))
     # Stage 0 and the last stage's ranks hold the tied weight: the V's first rank holds both.
     assert ranks.tied == (0, 1, 3)
-    # One owner per pipeline per block; rank 1 has buckets spanning two of its stages.
-    assert ranks.buckets[:2] == ((((1, 2), (5, 6)), (1, 0)), (((2, 3), (4, 5)), (1, 2)))
+    # One owner per pipeline per block, a bucket per owning stage: rank 1's blocks (1, 2) and
+    # (5, 6) have the same owners (1, 0) but lie in two of its chunks (stages 1 and 3): two
+    # buckets, the later chunk's first.
+    assert ranks.buckets == (
+        (((5, 6),), (1, 0)),
+        (((4, 5),), (1, 2)),
+        (((3, 4),), (3, 2)),
+        (((2, 3),), (1, 2)),
+        (((1, 2),), (1, 0)),
+        (((0, 1),), (3, 0)),
+    )
 
 
 def _tp_plan(groups: list[tuple[int, ...]]) -> Plan:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from test_sim_plan import EXAMPLES
 
+from hetpp.cost.action_graph import path_ends_s
 from hetpp.cost.memory import stage_memory
 from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.cost.step import (
@@ -17,8 +18,9 @@ from hetpp.cost.step import (
 )
 from hetpp.sim import compare_with_cost, simulate_pipeline, simulate_plan
 from hetpp.sim.schedule import format_actions, rank_actions
-from hetpp.sim.trace import Kind
+from hetpp.sim.trace import COMPUTE, Kind
 from hetpp.specs import PRESETS, Plan, load_cluster
+from hetpp.specs.plan import grad_buckets
 from hetpp.specs.schedule import SCHEDULES
 
 MULTI = [n for n, s in SCHEDULES.items() if s.placement != "one"]
@@ -50,14 +52,24 @@ def _cases(spec):
                     yield num_ranks, chunks, m
 
 
+def _replays(name: str, seed: int, weight: float | None = None):
+    """Every case of `_cases`, replayed with random forward times, backwards of twice that and
+    weight-grad parts of `weight` times the forward (None: `weight_grad_s`'s split): yields
+    (num_ranks, chunks, m), the forward, backward and W times, and the trace."""
+    rng = np.random.default_rng(seed)
+    for num_ranks, chunks, m in _cases(SCHEDULES[name]):
+        num = num_ranks * chunks
+        f = list(rng.uniform(0.5, 1.5, num))
+        b, w = [2 * x for x in f], None if weight is None else [weight * x for x in f]
+        tr = simulate_pipeline(f, b, [0.1] * (num - 1), m, name, num_ranks, w)
+        yield (num_ranks, chunks, m), f, b, w, tr
+
+
 @pytest.mark.parametrize("name", MULTI)
 def test_every_order_runs_without_deadlock_and_does_every_step_once(name):
     spec = SCHEDULES[name]
-    rng = np.random.default_rng(0)
-    for num_ranks, chunks, m in _cases(spec):
+    for (num_ranks, chunks, m), _, _, _, tr in _replays(name, 0):
         num = num_ranks * chunks
-        f = list(rng.uniform(0.5, 1.5, num))
-        tr = simulate_pipeline(f, [2 * x for x in f], [0.1] * (num - 1), m, name, num_ranks)
         for s in range(num):
             done = {k: sorted(tr.index[(tr.stage == s) & (tr.kind == k)]) for k in Kind}
             assert done[Kind.F] == list(range(m))
@@ -123,8 +135,9 @@ def test_closed_form_within_5_percent_on_even_pipelines(name):
                 assert closed == pytest.approx(sim, rel=0.05), (num_ranks, chunks, m)
 
 
-def _chunked_plan(schedule: str) -> Plan:
-    """gpt3-1.3b on 4 A100s: one interleaved or V pipeline of 8 stages, and a 1F1B one on V100s."""
+def _chunked_plan(schedule: str, second: dict | None = None) -> Plan:
+    """gpt3-1.3b on 4 A100s: one interleaved or V pipeline of 8 stages, and a 1F1B one on V100s
+    (or `second`)."""
     cluster = load_cluster(EXAMPLES / "a100-v100.yaml")
     spec = SCHEDULES[schedule]
     bounds = [0, 4, 7, 10, 13, 16, 19, 22, 26]
@@ -133,8 +146,9 @@ def _chunked_plan(schedule: str) -> Plan:
         for s, (a, b) in enumerate(itertools.pairwise(bounds))
     ]
     v100 = [{"devices": [16 + i], "layers": [a, b]} for i, (a, b) in enumerate([(0, 13), (13, 26)])]
+    second = second or {"stages": v100, "micro_batch_size": 2, "num_micro_batches": 8}
     return Plan(
-        global_batch=64,
+        global_batch=48 + second["micro_batch_size"] * second["num_micro_batches"],
         seq_len=2048,
         model=PRESETS["gpt3-1.3b"],
         cluster=cluster,
@@ -145,7 +159,7 @@ def _chunked_plan(schedule: str) -> Plan:
                 "micro_batch_size": 2,
                 "num_micro_batches": 24,
             },
-            {"stages": v100, "micro_batch_size": 2, "num_micro_batches": 8},
+            second,
         ],
     ).validate_plan()
 
@@ -185,6 +199,56 @@ def test_a_device_is_charged_its_replayed_activation_peak(name):
     mem = device_memories(stages)
     for d in res.devices:
         assert mem[d.device][0].activations == pytest.approx(peak[rank[d.device]], rel=1e-12)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_a_device_finishes_its_later_chunks_first(name):
+    # So `grad_buckets`' one order (latest layers first) is each device's completion order of
+    # its chunks' buckets: none waits in that order for a chunk the device finishes later.
+    spec = SCHEDULES[name]
+    for num_ranks, chunks, m in _cases(spec):
+        for d in range(num_ranks):
+            order = spec.order(d, num_ranks, chunks, m)
+            last = {s: i for i, (kind, s, _) in enumerate(order) if kind in ("B", "W")}
+            assert sorted(last, key=last.get) == sorted(last, reverse=True), (num_ranks, m, d)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_grads_final_is_the_replays_last_gradient_step(name):
+    # what the step cost times each chunk's bucket from: the end of the stage's last B or W
+    for (num_ranks, chunks, m), f, b, w, tr in _replays(name, 1, weight=0.8):
+        writes = np.isin(tr.kind, [Kind.B, Kind.W])
+        replay = [tr.end[writes & (tr.stage == s)].max() for s in range(num_ranks * chunks)]
+        comm = [0.1] * (num_ranks * chunks - 1)
+        got = path_ends_s(f, b, comm, m, name, num_ranks, w).grads_final_s
+        assert got == pytest.approx(replay, rel=1e-12), (num_ranks, chunks, m)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_a_chunks_sync_starts_before_its_device_finishes_its_other_chunk(name):
+    # Beside a one-stage pipeline (A100 4, a small batch share: it ends first), both chunks of
+    # each device of pipeline 0 have the same owners, yet a bucket each (`grad_buckets`).
+    alone = {"stages": [{"devices": [4], "layers": [0, 26]}], "micro_batch_size": 2,
+             "num_micro_batches": 2}  # fmt: skip
+    plan = _chunked_plan(name, alone)
+    cm = cost_model_for_plan(plan)
+    buckets = grad_buckets(plan)
+    assert sorted(b.stages[0] for b in buckets) == list(range(8))
+    assert len({b.owners for b in buckets}) == 4
+    tr = simulate_plan(plan, cm).trace
+    cost = step_cost(plan, cm)
+    spec = SCHEDULES[name]
+    for d in range(4):
+        mine = tr.rank == d
+        compute_end = tr.end[mine & np.isin(tr.kind, COMPUTE)].max()
+        syncs = mine & (tr.kind == Kind.SYNC)
+        assert tr.start[syncs].min() < compute_end  # overlaps the device's other chunk
+        assert tr.start[mine & (tr.kind == Kind.OPT)][0] >= tr.end[syncs].max()
+        # the cost model starts that chunk's bucket before the device is done too
+        first = next(b for b in cost.buckets if b.owners[0] == d)
+        assert spec.device_index(first.stages[0], 4) == d
+        device_done = max(s.done_s for s in cost.stages if s.device == d)
+        assert first.start_s < device_done
 
 
 def test_same_device_stages_cost_no_transfer():

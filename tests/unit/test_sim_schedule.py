@@ -21,7 +21,7 @@ def test_1f1b_two_stages_four_micro_batches():
         "0F3", "0SEND_F3", "0RECV_B2", "0B2",
         "0RECV_B3", "0B3",
     ]  # fmt: skip
-    assert format_actions(rank_actions("1f1b", 1, 2, 4, buckets=[0, 2])) == [
+    assert format_actions(rank_actions("1f1b", 1, 2, 4, buckets=[(0, 1), (2, None)])) == [
         "1RECV_F0", "1F0", "1B0", "1SEND_B0",
         "1RECV_F1", "1F1", "1B1", "1SEND_B1",
         "1RECV_F2", "1F2", "1B2", "1SEND_B2",

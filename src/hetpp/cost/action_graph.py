@@ -39,6 +39,18 @@ class ActionGraph(NamedTuple):
     """Per node, the index of its seconds in `[f, i, w, b] per stage, 0, hop per boundary]`."""
     ends: np.ndarray
     """Per device, the node of its last step."""
+    grads: np.ndarray
+    """Per stage, the node of its last whole backward or weight-grad step: its parameter
+    gradients are final when it ends (its bucket's sync may start)."""
+
+
+class PathEnds(NamedTuple):
+    """What the step cost reads off one longest-path pass (`path_ends_s`)."""
+
+    devices_s: np.ndarray
+    """Per device, when it ends its last step."""
+    grads_final_s: np.ndarray
+    """Per stage, when its parameter gradients are final (the end of its last B or W)."""
 
 
 def _steps(spec, num_devices: int, chunks: int, m: int) -> list[list[tuple]]:
@@ -77,6 +89,7 @@ def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
     carried: dict[tuple, int] = {}  # message -> its transfer's node
     on_link: dict[tuple, int] = {}  # link -> its latest transfer's node
     last, pc = [0] * num_devices, [0] * num_devices
+    grads = [0] * num
     moved = True
     while moved:
         moved = False
@@ -88,6 +101,8 @@ def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
                 second.append(carried[got] if got else 0)
                 took.append(part)
                 last[d] = len(first)
+                if part % 4 in (PARTS["W"], PARTS["B"]):
+                    grads[part // 4] = last[d]
                 if sent:
                     link, msg = sent
                     first.append(last[d])
@@ -99,10 +114,10 @@ def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
             pc[d] = i
     if pc != [len(p) for p in programs]:
         raise ValueError(f"{schedule}: the order deadlocks on {num_devices} devices, m = {m}")
-    return ActionGraph(first, second, np.array(took), np.array(last))
+    return ActionGraph(first, second, np.array(took), np.array(last), np.array(grads))
 
 
-def device_ends_s(
+def path_ends_s(
     fwd_s: Sequence[float],
     bwd_s: Sequence[float],
     comm_s: Sequence[float],
@@ -110,11 +125,11 @@ def device_ends_s(
     schedule: str,
     num_devices: int,
     weight_s: Sequence[float],
-) -> np.ndarray:
-    """When each device ends its last step: the longest path to it through the action graph
-    (the pipeline's time is the largest). `comm_s[s]` is the hop between stages s and s+1
-    (both directions), `weight_s[s]` the W part of stage s's backward (read by split-backward
-    schedules only)."""
+) -> PathEnds:
+    """When each device ends its last step and each stage's gradients are final: the longest
+    paths to those nodes through the action graph (the pipeline's time is the largest end).
+    `comm_s[s]` is the hop between stages s and s+1 (both directions), `weight_s[s]` the W part
+    of stage s's backward (read by split-backward schedules only)."""
     g = graph(schedule, num_devices, len(fwd_s) // num_devices, num_micro_batches)
     f, b = np.asarray(fwd_s, dtype=float), np.asarray(bwd_s, dtype=float)
     w = np.asarray(weight_s, dtype=float) if SCHEDULES[schedule].splits_backward else 0.0 * b
@@ -123,4 +138,5 @@ def device_ends_s(
     for p, q, x in zip(g.first, g.second, seconds[g.took].tolist()):
         a, c = t[p], t[q]
         t.append((a if a > c else c) + x)
-    return np.array(t)[g.ends]
+    t = np.array(t)
+    return PathEnds(t[g.ends], t[g.grads])

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetpp.cost.action_graph import device_ends_s
+from hetpp.cost.action_graph import path_ends_s
 from hetpp.cost.comm import p2p_time_s
 from hetpp.cost.compute import LayerCosts
 from hetpp.specs.cluster import Link
@@ -255,9 +255,11 @@ def pipeline_done_s(
     num_devices: int | None = None,
     weight_s: Times | None = None,
 ) -> tuple[float, list[float]]:
-    """`pipeline_time_s` and when each stage's device ends its last step (its gradient
-    buckets are ready then: the simulator's sync waits for a device's whole program). With
-    the action graph that is read off it per device; GPipe's stage s ends its backwards
+    """`pipeline_time_s` and when each stage's parameter gradients are final (its gradient
+    bucket's sync may start then, as the simulator starts it). With the action graph that is
+    the end of the stage's last whole backward or weight-grad step, read off the graph (a
+    device running several chunks finishes its later chunks first, so their buckets start
+    before the device is done); GPipe's and 1F1B's stage s ends its backwards
     `backward_done_s` before the end."""
     args = _rule_args(fwd_s, bwd_s, comm_s, num_devices, weight_s)
     rule = timing_rule(schedule)
@@ -265,9 +267,8 @@ def pipeline_done_s(
         total = steady_time_s(rule.fill(*args), rule.beat(*args), num_micro_batches)
         return float(total), backward_done_s(bwd_s, comm_s, total)
     fwd, bwd, comm, d_count, weight = args
-    ends = device_ends_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
-    spec = SCHEDULES[schedule]
-    return float(ends.max()), [float(ends[spec.device_index(s, d_count)]) for s in range(len(fwd))]
+    ends = path_ends_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
+    return float(ends.devices_s.max()), ends.grads_final_s.tolist()
 
 
 def steady_time_s(fill_s, beat_s, num_micro_batches):

@@ -22,7 +22,7 @@ from hetpp.cost.pipeline import pipeline_done_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, PipelinePlan, Plan, StagePlan, grad_buckets
+from hetpp.specs.plan import Estimate, GradBucket, PipelinePlan, Plan, StagePlan, grad_buckets
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class StageCost:
     memory: StageMemory
     capacity_bytes: float
     done_s: float
-    """When the stage finishes its last backward."""
+    """When the stage's parameter gradients are final: its last backward (under a split
+    backward, its last weight-grad action)."""
     tp: int = 1
     """The stage's tensor-parallel degree: each of its ranks holds 1/tp of its blocks."""
 
@@ -55,8 +56,8 @@ class StageCost:
 
 @dataclass(frozen=True)
 class SyncBucket:
-    """Gradient blocks with one owner set, all-reduced as one flat buffer (sharded: its
-    reduce-scatter, or its parameters' all-gather in `StepCost.gathers`)."""
+    """Gradient blocks with one owning stage per pipeline, all-reduced as one flat buffer
+    (sharded: its reduce-scatter, or its parameters' all-gather in `StepCost.gathers`)."""
 
     owners: tuple[int, ...]
     blocks: tuple[tuple[int, int], ...]
@@ -64,6 +65,9 @@ class SyncBucket:
     ready_s: float
     start_s: float
     end_s: float
+    stages: tuple[int, ...] = ()
+    """The owning stage per pipeline (`GradBucket.stages`); empty for the tied embedding/head
+    bucket and the all-gathers."""
 
 
 @dataclass(frozen=True)
@@ -275,39 +279,41 @@ def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[Syn
     """Block-wise all-reduce (sharded: reduce-scatter) in `grad_buckets` order, then the tied
     embedding/head bucket (`hetpp.cost.sync.run_buckets` times them)."""
     grad = cm.train.grad_bytes_per_param
-    order = [
-        (owners, tuple(blocks), n * grad, _ring_s(plan, cm, owners, n * grad))
-        for owners, blocks, n in _bucket_params(plan, cm)
-    ]
+    final = {(st.pipeline, st.stage): st.done_s for st in stages}
+    order, ready = [], []
+    for bucket, n in _bucket_params(plan, cm):
+        owners, seconds = bucket.owners, _ring_s(plan, cm, bucket.owners, n * grad)
+        order.append((owners, bucket.blocks, n * grad, seconds, bucket.stages))
+        # one chunk's bucket: final once its owning stage in every pipeline is (`grad_buckets`)
+        ready.append(max(final[p, s] for p, s in enumerate(bucket.stages)))
+    done = _done_per_device(stages)
     tied = _tied_holders(plan, cm)
     if tied:
         n = tied_copy_params(cm.model) * grad
-        order.append((tied, (), n, allreduce_time_s(n, len(tied), group_link(cm.cluster, tied))))
-    durations = [(owners, seconds) for owners, _, _, seconds in order]
-    times, _ = run_buckets(durations, _done_per_device(stages))
+        seconds = allreduce_time_s(n, len(tied), group_link(cm.cluster, tied))
+        order.append((tied, (), n, seconds, ()))
+        ready.append(max(done[o] for o in tied))
+    durations = [(owners, seconds) for owners, _, _, seconds, _ in order]
+    times, _ = run_buckets(durations, done, ready)
     out = [
-        SyncBucket(owners, blocks, nbytes, ready, start, end)
-        for (owners, blocks, nbytes, _), (ready, start, end) in zip(order, times)
+        SyncBucket(owners, blocks, nbytes, ready, start, end, own)
+        for (owners, blocks, nbytes, _, own), (ready, start, end) in zip(order, times)
     ]
     if tied:  # it waits for its holders' block buckets: ready once they are free of them
         out[-1] = replace(out[-1], ready_s=out[-1].start_s)
     return out
 
 
-def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float]]:
-    """(owners, blocks, parameters whose gradients one owner's rank sums) of every bucket, in
-    order. Owners of a TP stage stand for their group: each rank sums its shard with the matching
+def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
+    """Every bucket (`grad_buckets` order) and the parameters whose gradients one owner's rank
+    sums. Owners of a TP stage stand for their group: each rank sums its shard with the matching
     shards of the other pipelines, in parallel, so a bucket takes as long as the owner with the
     least TP degree needs for its share (`ParamSums.synced`)."""
     sums = ParamSums(cm.model)
     tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
     return [
-        (
-            owners,
-            tuple(blocks),
-            sum(sums.synced(a, b, min(tp[o] for o in owners)) for a, b in blocks),
-        )
-        for owners, blocks in grad_buckets(plan)
+        (b, sum(sums.synced(x, y, min(tp[o] for o in b.owners)) for x, y in b.blocks))
+        for b in grad_buckets(plan)
     ]
 
 
@@ -325,10 +331,11 @@ def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, flo
     if plan.optimizer_shards == 1:
         return []
     out = []
-    for owners, blocks, n in _bucket_params(plan, cm):
-        nbytes = n * cm.train.dtype_bytes
+    for bucket, n in _bucket_params(plan, cm):
+        owners, nbytes = bucket.owners, n * cm.train.dtype_bytes
         link = group_link(cm.cluster, owners)
-        out.append((owners, blocks, nbytes, ring_pass_time_s(nbytes, len(set(owners)), link)))
+        seconds = ring_pass_time_s(nbytes, len(set(owners)), link)
+        out.append((owners, bucket.blocks, nbytes, seconds))
     return out
 
 

@@ -20,23 +20,28 @@ K = TypeVar("K", bound=Hashable)
 
 
 def run_buckets(
-    buckets: Sequence[tuple[Sequence[K], float]], done: Mapping[K, float]
+    buckets: Sequence[tuple[Sequence[K], float]],
+    done: Mapping[K, float],
+    ready_s: Sequence[float] | None = None,
 ) -> tuple[list[tuple[float, float, float]], dict[K, float]]:
-    """Time all-reduces in the order given. Each `(owners, seconds)` is ready when all its
-    owners have finished backward (`done`) and starts once they are also free of the earlier
-    ones (one collective at a time per owner, the same order everywhere: no deadlock).
+    """Time all-reduces in the order given. Each `(owners, seconds)` is ready when its
+    gradients are final: `ready_s[i]` where given (a bucket of one model chunk, once that
+    chunk's stages have run their last backward), else once all its owners have finished
+    backward (`done`). It starts once its owners are also free of the earlier ones (one
+    collective at a time per owner, the same order everywhere: no deadlock).
 
-    Returns each bucket's (ready, start, end) and when every owner is free after the last."""
-    free = dict(done)
+    Returns each bucket's (ready, start, end) and when every owner is free after the last (its
+    `done` if it has no bucket)."""
+    busy: dict[K, float] = {}
     out = []
-    for owners, seconds in buckets:
-        ready = max(done[o] for o in owners)
-        start = max(ready, *(free[o] for o in owners))
+    for i, (owners, seconds) in enumerate(buckets):
+        ready = max(done[o] for o in owners) if ready_s is None else ready_s[i]
+        start = max(ready, *(busy.get(o, ready) for o in owners))
         end = start + seconds
         for o in owners:
-            free[o] = end
+            busy[o] = end
         out.append((ready, start, end))
-    return out, free
+    return out, {k: max(t, busy.get(k, t)) for k, t in done.items()}
 
 
 def optimizer_step_s(state_bytes: float, mem_bw_bytes_per_s: float) -> float:

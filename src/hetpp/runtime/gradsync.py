@@ -1,7 +1,8 @@
 """Block-wise gradient aggregation, the tied embedding/head weight, and global-norm clipping.
 
 Layer l lives on a different rank in each pipeline, so one flat all-reduce cannot work. The plan's
-gradient blocks each have one owner per pipeline; blocks with the same owners form one bucket,
+gradient blocks each have one owner per pipeline; blocks with the same owning stage in every
+pipeline form one bucket (`grad_buckets`: a rank running several chunks has a bucket per chunk),
 flattened and all-reduced (SUM) over the owners, in the dtype the plan's `grad_bytes_per_param`
 says (`Precision.reduce_dtype`; the gradients themselves stay in the parameters' dtype). The
 loss is already divided by the global token count, so the sum is the full-batch mean gradient.
@@ -17,10 +18,9 @@ right after its last weight-grad action. The bucket's all-reduce starts (asynchr
 and every bucket before it in `grad_buckets` order (latest layers first, as backward finishes them)
 are complete. Every rank issues its buckets in that one global order, the simulator's too: ranks
 that share two reduce groups then never wait on each other's collectives in opposite orders (on
-NCCL that could deadlock; a bucket that merges blocks far apart can complete after a later one).
-The price: a bucket that completes early on this rank waits for the earlier buckets in that order
-(a V-shaped schedule's first stage holds the first and the last layers, so the latest-layer bucket
-issues first wherever it completes last, and everything behind it waits).
+NCCL that could deadlock). Each bucket lies in one stage of this rank, and a rank finishes its
+later chunks first under every schedule, so its buckets complete in that order; the price left:
+a bucket complete on this rank may wait for an earlier one of the order still incomplete here.
 
 With optimizer sharding (`Plan.sharding = "optimizer"`, `runtime.shard`) each bucket is
 reduce-scattered instead: every owner keeps the summed gradient of its shard only, for the
@@ -194,9 +194,8 @@ class GradSync:
             bucket.waiting -= 1
 
     def _issue_ready(self) -> None:
-        """Start the complete buckets, strictly in `grad_buckets` order: a bucket that merges
-        blocks far apart can complete after a later one, and NCCL collectives on overlapping
-        groups issued in different orders on different ranks can deadlock."""
+        """Start the complete buckets, strictly in `grad_buckets` order: NCCL collectives on
+        overlapping groups issued in different orders on different ranks can deadlock."""
         while self.issued < len(self.buckets) and self.buckets[self.issued].waiting == 0:
             self._start(self.buckets[self.issued])
             self.issued += 1

@@ -7,18 +7,25 @@ Resources and rules:
 - a send is asynchronous: the message occupies the (sender, receiver) link, one direction, from
   `max(send issued, link free)` for the link's time; the sender goes on at once;
 - a receive completes when its message has arrived (the rank waits until then);
-- a SYNC is a collective over its members: it starts when the last member reaches it and ends for
-  all of them together, `duration_s` later.
+- a collective runs on its members' communication streams, one collective at a time per rank in
+  the order the rank reached them: it starts when the last member has reached it and every
+  member is done with the collectives it reached before, and ends for all of them together,
+  `duration_s` later. A SYNC (gradient all-reduce) is asynchronous: the rank computes on while
+  it runs, as the runtime's overlapped bucket all-reduces do; OPT waits until every collective
+  the rank reached has ended; a GATHER (the all-gather after the optimizer step) waits for its
+  own end.
 
 Ranks are taken from a heap ordered by their clock and each runs until it blocks. That is exact
 here because no resource has two users whose order depends on timing: a link direction has one
-sender (which issues in program order) and a collective's start is a max over its members. A
-rank that can never proceed is reported as a Deadlock, never waited on.
+sender (which issues in program order) and a collective's start is a max over its members'
+arrival and stream times. A rank that can never proceed is reported as a Deadlock, never waited
+on.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -138,6 +145,12 @@ class _Run:
         self.link_free: dict[tuple[int, int], float] = {}
         self.coll_count = [0] * len(collectives)
         self.coll_ready = [0.0] * len(collectives)
+        self.coll_end: list[float | None] = [None] * len(collectives)
+        self.queue: list[deque[int]] = [deque() for _ in range(n)]
+        """Per rank, the collectives it reached that have not run yet, in order."""
+        self.stream_free = [0.0] * n
+        """Per rank, when its communication stream is done with the collectives that ran."""
+        self.reached: list[set[int]] = [set() for _ in range(n)]
         self.intervals: list[tuple[int, int, int, float, float, int]] = []
         self.transfers: list[tuple[int, int, int, int, float, float]] = []
 
@@ -156,23 +169,34 @@ class _Run:
         if w is not None:
             heapq.heappush(self.heap, (max(self.clock[w], end), w))
 
-    def join(self, r: int, c: int, t: float) -> float | None:
-        """Rank r reaches collective c at t; returns its end if r completes it, else None."""
-        coll = self.collectives[c]
+    def join(self, r: int, c: int, t: float) -> None:
+        """Rank r reaches collective c at t (its stream takes it after what it reached before);
+        then run every collective that can now start."""
         self.coll_count[c] += 1
         self.coll_ready[c] = max(self.coll_ready[c], t)
-        if self.coll_count[c] < len(coll.members):
-            return None
-        start = self.coll_ready[c]
-        end = start + coll.duration_s
-        kind = Kind.GATHER if coll.gather else Kind.SYNC
-        for m in coll.members:
-            self.intervals.append((m, kind, c, start, end, -1))
-            if m != r:  # the others were blocked on it: move them past the SYNC
-                self.clock[m] = end
-                self.pc[m] += 1
-                heapq.heappush(self.heap, (end, m))
-        return end
+        self.queue[r].append(c)
+        todo = [c]
+        while todo:
+            c = todo.pop()
+            coll = self.collectives[c]
+            members = coll.members
+            if (
+                self.coll_end[c] is not None  # ran already (looked at twice)
+                or self.coll_count[c] < len(members)
+                or any(self.queue[m][0] != c for m in members)
+            ):
+                continue
+            start = max(self.coll_ready[c], *(self.stream_free[m] for m in members))
+            end = self.coll_end[c] = start + coll.duration_s
+            kind = Kind.GATHER if coll.gather else Kind.SYNC
+            for m in members:
+                self.intervals.append((m, kind, c, start, end, -1))
+                self.queue[m].popleft()
+                self.stream_free[m] = end
+                if self.queue[m]:
+                    todo.append(self.queue[m][0])
+                elif m != r:  # it may wait at OPT or GATHER for its stream: let it look again
+                    heapq.heappush(self.heap, (max(self.clock[m], end), m))
 
     def step_rank(self, r: int) -> None:
         """Run rank r from its current action until it blocks or finishes."""
@@ -207,11 +231,17 @@ class _Run:
                     break
                 t = max(t, at)
             elif kind in _COLLECTIVE:
-                end = self.join(r, mb, t)
-                if end is None:
-                    break
-                t = end
+                if mb not in self.reached[r]:  # not when it looks again after waiting
+                    self.reached[r].add(mb)
+                    self.join(r, mb, t)
+                if kind == "GATHER":
+                    if self.coll_end[mb] is None:
+                        break
+                    t = max(t, self.coll_end[mb])
             elif kind == "OPT":
+                if self.queue[r]:
+                    break
+                t = max(t, self.stream_free[r])
                 rec((r, Kind.OPT, -1, t, t + prog.opt_s, -1))
                 t += prog.opt_s
             else:
@@ -220,30 +250,29 @@ class _Run:
         self.pc[r], self.clock[r] = i, t
 
     def blocked(self) -> list[str]:
+        """Who waits for what: a message, or the collective at the head of its stream."""
         out = []
         for r, prog in enumerate(self.programs):
-            if self.pc[r] >= len(prog.actions):
+            done = self.pc[r] >= len(prog.actions)
+            if done and not self.queue[r]:
                 continue
-            a = prog.actions[self.pc[r]]
-            if a.kind in _COLLECTIVE:
-                missing = [
+            a = None if done else prog.actions[self.pc[r]]
+            if a is None or a.kind in (*_COLLECTIVE, "OPT"):
+                c = self.queue[r][0] if self.queue[r] else a.microbatch
+                coll = self.collectives[c]
+                missing = [  # members that have not reached it, or have another one before it
                     _name(self.programs, m)
-                    for m in self.collectives[a.microbatch].members
-                    if not self._at_sync(m, a.microbatch)
+                    for m in coll.members
+                    if not (self.queue[m] and self.queue[m][0] == c)
                 ]
-                what = "all-gather" if a.kind == "GATHER" else "all-reduce"
-                why = f"{what} {a.microbatch} still needs {', '.join(missing)}"
+                what = "all-gather" if coll.gather else "all-reduce"
+                why = f"{what} {c} still needs {', '.join(missing)}"
             else:
                 work = prog.stages[a.stage]
                 peer = work.prev if a.kind == "RECV_F" else work.next
                 why = f"waits for a message from {_name(self.programs, peer)}"
-            out.append(f"{_name(self.programs, r)} at {a} ({why})")
+            out.append(f"{_name(self.programs, r)} at {a or 'its end'} ({why})")
         return out
-
-    def _at_sync(self, r: int, c: int) -> bool:
-        acts = self.programs[r].actions
-        pc = self.pc[r]
-        return pc < len(acts) and acts[pc].kind in _COLLECTIVE and acts[pc].microbatch == c
 
 
 def run(programs: Sequence[RankProgram], collectives: Sequence[Collective] = ()) -> Trace:

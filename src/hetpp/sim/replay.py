@@ -41,7 +41,7 @@ def pipeline_programs(
     first_rank: int = 0,
     num_devices: int | None = None,
     weight_s: Sequence[float] | None = None,
-    buckets: Sequence[Sequence[int]] = (),
+    buckets: Sequence[Sequence[tuple[int, int | None]]] = (),
     opt_s: Sequence[float] = (),
     names: Sequence[str] = (),
     gathers: Sequence[Sequence[int]] = (),
@@ -52,8 +52,10 @@ def pipeline_programs(
     both run on one device). The S stages run on `num_devices` ranks (default S), placed as the
     schedule says; `weight_s[s]` is the W part of stage s's backward (default `weight_grad_s`).
     Ranks are numbered from `first_rank`, so several pipelines can run in one engine;
-    `buckets[d]` are the collectives device d joins, `opt_s[d]` its optimizer step (none when
-    not given) and `gathers[d]` the all-gathers it joins after it (optimizer sharding)."""
+    `buckets[d]` are the collectives device d joins, as (collective, the stage whose last
+    backward makes it final on d; None: after all its compute), `opt_s[d]` its optimizer step
+    (none when not given) and `gathers[d]` the all-gathers it joins after it (optimizer
+    sharding)."""
     num = len(fwd_s)
     d_count = num_devices or num
     spec = SCHEDULES[schedule]
@@ -123,17 +125,24 @@ def plan_programs(
     for st in stages:
         rank_of.setdefault(st.device, len(rank_of))
     collectives = []
-    mine: dict[int, list[int]] = {r: [] for r in range(len(rank_of))}
+    mine: dict[int, list[tuple[int, int | None]]] = {r: [] for r in range(len(rank_of))}
     after: dict[int, list[int]] = {r: [] for r in range(len(rank_of))}
     # Buckets as step_cost forms them (grad_buckets order: latest layers first, tied one last),
-    # with its durations; every owner joins them in that one order.
-    order = [(b.owners, b.end_s - b.start_s, False) for b in sync_buckets(plan, cm, stages)]
-    order += [(owners, seconds, True) for owners, _, _, seconds in gathers(plan, cm)]
-    for c, (owners, seconds, gather) in enumerate(order):
+    # with its durations; every owner joins them in that one order, each once the bucket's
+    # stage on it (a bucket per model chunk) has run its last backward.
+    order = [
+        (b.owners, b.end_s - b.start_s, b.stages or (None,) * len(b.owners))
+        for b in sync_buckets(plan, cm, stages)
+    ]
+    order += [(owners, seconds, None) for owners, _, _, seconds in gathers(plan, cm)]
+    for c, (owners, seconds, own) in enumerate(order):
         members = tuple(rank_of[d] for d in owners)
-        collectives.append(Collective(members, seconds, gather))
-        for r in members:
-            (after if gather else mine)[r].append(c)
+        collectives.append(Collective(members, seconds, own is None))
+        for i, r in enumerate(members):
+            if own is None:
+                after[r].append(c)
+            else:
+                mine[r].append((c, own[i]))
     programs: list[RankProgram] = []
     for p, pipe in enumerate(plan.pipelines):
         own = [st for st in stages if st.pipeline == p]

@@ -21,7 +21,9 @@ class DeviceStats:
     compute_s: float
     """Seconds in forward, backward and optimizer."""
     sync_s: float
-    """Seconds inside gradient all-reduces (waiting for the other owners is idle time)."""
+    """Seconds inside gradient all-reduces, on the rank's communication stream (waiting for the
+    other owners is idle time). A bucket's all-reduce may overlap the rank's compute (a chunk
+    finished before the device's others), so busy, sync and idle shares can overlap too."""
     iteration_s: float
     """The step's length, the denominator of the fractions."""
     max_in_flight: int

@@ -5,11 +5,13 @@ The compute order of each rank is its schedule's entry in `hetpp.specs.schedule.
 stages (interleaved and V schedules). Each forward is preceded by the receive of its input and
 followed by the send of its output, except where the neighbouring stage is the pipeline's end or
 runs on the same rank (the V's turn); a backward (B, or the input-grad part I of a split one)
-mirrors that in the other direction; a weight-grad part W is local. After its last backward a rank
-joins the gradient all-reduces of the buckets it owns, in the global bucket order (one order on
-every rank, so collectives cannot deadlock), then steps its optimizer; with optimizer sharding
-the all-reduces are reduce-scatters and the rank then joins each bucket's all-gather of updated
-parameters, in the same order.
+mirrors that in the other direction; a weight-grad part W is local. A rank joins the gradient
+all-reduce of each bucket it owns right after the step that makes the bucket's gradients final
+on it (its stage's last whole backward or weight-grad part), in the global bucket order (one
+order on every rank, so collectives cannot deadlock; a bucket final before an earlier one of
+the order joins after it), then, once all are done, steps its optimizer; with optimizer
+sharding the all-reduces are reduce-scatters and the rank then joins each bucket's all-gather
+of updated parameters, in the same order.
 """
 
 from __future__ import annotations
@@ -47,14 +49,15 @@ def rank_actions(
     num_ranks: int,
     num_micro_batches: int,
     chunks: int = 1,
-    buckets: Sequence[int] = (),
+    buckets: Sequence[tuple[int, int | None]] = (),
     optimizer: bool = True,
     gathers: Sequence[int] = (),
 ) -> list[Action]:
     """The whole program of one of a pipeline's `num_ranks` devices: its schedule's compute
-    order (the registry entry's, each step with its transfers), then a SYNC per bucket it owns
-    (in the order given), then the optimizer step, then (optimizer sharding) a GATHER per bucket
-    it owns."""
+    order (the registry entry's, each step with its transfers), a SYNC per bucket it owns,
+    `(collective, stage)` in the order given, each right after the stage's last step writing
+    weight gradients (None: after all its compute) and not before the SYNC ahead of it, then
+    the optimizer step, then (optimizer sharding) a GATHER per bucket it owns."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     spec = SCHEDULES[schedule]
@@ -64,6 +67,7 @@ def rank_actions(
         return 0 <= stage <= last and spec.device_index(stage, num_ranks) != rank
 
     out: list[Action] = []
+    final: dict[int, int] = {}  # stage -> how many actions precede its SYNCs
     for kind, s, k in spec.order(rank, num_ranks, chunks, num_micro_batches):
         if kind == "F":
             out += [Action(s, "RECV_F", k)] if remote(s - 1) else []
@@ -73,9 +77,16 @@ def rank_actions(
             out += [Action(s, "RECV_B", k)] if remote(s + 1) else []
             out.append(Action(s, kind, k))
             out += [Action(s, "SEND_B", k)] if remote(s - 1) else []
-        else:
+            if kind == "B":  # after the step and its transfer (both asynchronous)
+                final[s] = len(out)
+        else:  # W
             out.append(Action(s, kind, k))
-    out += [Action(rank, "SYNC", b) for b in buckets]
+            final[s] = len(out)
+    at, syncs = 0, {}
+    for c, stage in buckets:
+        at = max(at, len(out) if stage is None else final[stage])
+        syncs.setdefault(at, []).append(Action(rank, "SYNC", c))
+    out = [a for i in range(len(out) + 1) for a in (*syncs.get(i, ()), *out[i : i + 1])]
     if optimizer:
         out.append(Action(rank, "OPT"))
     out += [Action(rank, "GATHER", c) for c in gathers]

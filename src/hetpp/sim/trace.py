@@ -54,7 +54,9 @@ class Transfers:
 class Trace:
     """Intervals during which a rank computed (F, B, OPT) or took part in an all-reduce (SYNC).
 
-    Arrays of equal length, in the order the engine produced them (per rank, time order)."""
+    Arrays of equal length, in the order the engine produced them (per rank, compute in time
+    order; a collective when it ran, which may be after later compute of the rank: gradient
+    all-reduces overlap compute)."""
 
     num_ranks: int
     rank: np.ndarray

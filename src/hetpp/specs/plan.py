@@ -393,42 +393,53 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     )
     # Each pipeline's owner of every block, walking its stages along the sorted cuts (a scan
     # per block and pipeline is quadratic in the stages of a large plan).
-    owners = zip(*(_owners_at(p, cuts[:-1]) for p in plan.pipelines))
+    owners = zip(*([p.stages[s].device for s in _stages_at(p, cuts[:-1])] for p in plan.pipelines))
     return tuple(
         GradBlock(layers=(a, b), owners=o) for (a, b), o in zip(itertools.pairwise(cuts), owners)
     )
 
 
-def _owners_at(pipe: PipelinePlan, layers: list[int]) -> list[int]:
-    """The device of `pipe`'s stage holding each of the ascending `layers`
+def _stages_at(pipe: PipelinePlan, layers: list[int]) -> list[int]:
+    """The index of `pipe`'s stage holding each of the ascending `layers`
     (`stage_of_layer`)."""
     out, s = [], 0
     for a in layers:
         while not pipe.stages[s].layers[0] <= a < pipe.stages[s].layers[1]:
             s += 1
-        out.append(pipe.stages[s].device)
+        out.append(s)
     return out
 
 
 class GradBucket(NamedTuple):
-    """Gradient blocks with one owner set, all-reduced as one flat buffer."""
+    """Gradient blocks with one owning stage per pipeline, all-reduced as one flat buffer."""
 
     owners: tuple[int, ...]
     """Owning device per pipeline."""
     blocks: tuple[tuple[int, int], ...]
     """Layer ranges of the merged blocks, in layer order."""
+    stages: tuple[int, ...]
+    """Owning stage per pipeline (its index in the pipeline): the bucket's gradients are final
+    once each of these stages has run its last backward (or weight-grad action)."""
 
 
 def grad_buckets(plan: Plan) -> tuple[GradBucket, ...]:
-    """Blocks merged by owner set, in the order every rank issues their all-reduces.
+    """Blocks merged by owning stages, in the order every rank issues their all-reduces.
 
-    Buckets go latest layers first: backward ends with the first layers, so the buckets of the
-    last layers are ready first and their all-reduce overlaps the rest of the backward. One global
-    order keeps the collectives deadlock-free."""
-    grouped: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    for blk in plan.blocks():
-        grouped.setdefault(blk.owners, []).append(blk.layers)
-    buckets = [GradBucket(owners, tuple(blocks)) for owners, blocks in grouped.items()]
+    One bucket per set of owning stages, not per set of owning devices: a device running several
+    model chunks (interleaved and V schedules) has a bucket per chunk, so a chunk's all-reduce
+    can start at that chunk's last backward while the device still runs its other chunks.
+    Without chunks a pipeline's stages and devices correspond one to one: the same buckets.
+    Buckets go latest layers first: backward ends with the first layers (under every schedule a
+    device finishes its later chunks first), so the buckets of the last layers are ready first
+    and their all-reduce overlaps the rest of the backward. One global order keeps the
+    collectives deadlock-free."""
+    blocks = plan.blocks()
+    starts = [blk.layers[0] for blk in blocks]
+    stages = zip(*(_stages_at(p, starts) for p in plan.pipelines))
+    grouped: dict[tuple[int, ...], tuple[tuple[int, ...], list[tuple[int, int]]]] = {}
+    for blk, own in zip(blocks, stages):
+        grouped.setdefault(own, (blk.owners, []))[1].append(blk.layers)
+    buckets = [GradBucket(o, tuple(b), st) for st, (o, b) in grouped.items()]
     return tuple(sorted(buckets, key=lambda b: -b.blocks[-1][0]))
 
 
