@@ -14,7 +14,7 @@ default within 1% of exact on every cluster (issue 12). `--cpu-against REF` inst
 default search alone in CPU seconds per cluster, in this tree and in `src/` at git commit REF
 side by side (a fresh subprocess per search, old and new alternated, median of `--repeat`).
 `--only SUBSTRING` (repeatable) keeps the clusters whose name ("4x H100-80GB + 60x T4")
-contains any of them, or whose 0-based index it is; `--plans` prints the default's and the
+contains any of them, or (digits) whose 0-based index it is; `--plans` prints the default's and the
 exact reference's pipelines too (GPU types in stage order, schedule, micro-batch size x count).
 """
 
@@ -72,7 +72,7 @@ def selected(only: list[str] | None) -> list[int]:
     return [
         i
         for i, (groups, _, _) in enumerate(CASES)
-        if not only or any(o == str(i) or o in name_of(groups) for o in only)
+        if not only or any(o == str(i) if o.isdigit() else o in name_of(groups) for o in only)
     ]
 
 
