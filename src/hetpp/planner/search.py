@@ -16,6 +16,11 @@ Hierarchy (docs/architecture.md, "Planner"):
      two-type shapes for types that cannot hold the model alone. Two-type clusters of few
      enough device-count vectors take their mixed shapes in the exact search's count DP
      instead (`_search_pairs`), so layouts of several different mixed shapes are reached.
+   - Chunk-aware: where the count DP runs (the exact path, `_search_pairs`, and every
+     composition of a three-type cluster of few device-count vectors), it runs again with each
+     template at the multi-chunk schedule it runs best under (`_search_chunked`), so layouts
+     that only a chunked schedule makes fast reach the end; their plans are built on those
+     schedules and ranked beside the schedule pass's.
 3. Data balance (`balance`): integer micro-batch counts that minimize the slowest pipeline.
 Micro-batch size and recomputation are outer choices ("settings"), visited in order of an
 optimistic bound (`bounds.ideal_time_bound`) and skipped when it cannot beat the best plan so
@@ -77,6 +82,11 @@ a runner-up with more bubble to remove can overtake the best)."""
 OTHER_SETTINGS = 2
 """... and the best plans of at most this many other settings (micro-batch size, recomputation),
 those the pass could at best make the most of (`schedules.pass_bound_s`)."""
+CHUNKED_STATES = 150
+"""Clusters of more than two types and at most this many device-count vectors (4 + 4 + 4
+devices: 125) take the chunk-aware count DP over every composition (each in its best few stage
+orders) in the settings that get the layer-balanced shapes. 3 + 5 + 7 (192) would cost 0.5 s
+of templates per setting and found nothing better (docs/benchmarks-search.md)."""
 CHUNKED_BUILDS = 2
 """Answers of the chunk-aware count DP (`_search_chunked`) built and costed in full, per
 setting (each build costs about as much as a schedule pass)."""
@@ -207,9 +217,7 @@ def _search_exact(
     if not templates:
         return
     dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
-    comps = np.array([c for c, _ in templates]) > 0
-    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
-    masks = [~(comps & ~np.array(q)).any(axis=1) for q in subsets if any(q)]
+    masks = _subset_masks(ctx, templates)
     for mask in masks:
         _peel(ctx, dp, mask, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
     if chunked is not None:
@@ -219,6 +227,16 @@ def _search_exact(
     shapes = [t for _, t in templates]
     if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
         branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+
+
+def _subset_masks(
+    ctx: ShapeContext, templates: list[tuple[tuple[int, ...], TemplateCost]]
+) -> list[np.ndarray]:
+    """Per non-empty subset of GPU types (the most types first), which templates use only
+    those types."""
+    comps = np.array([c for c, _ in templates]) > 0
+    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
+    return [~(comps & ~np.array(q)).any(axis=1) for q in subsets if any(q)]
 
 
 def _peel(
@@ -348,6 +366,9 @@ def _search_decomposed(
     states = math.prod(n + 1 for n in ctx.counts)
     if mixed == "pairs" and len(ctx.keys) == 2 and states <= PAIR_DP_STATES:
         return _search_pairs(ctx, inc, items, chunked)
+    if chunked is not None and mixed == "proportional" and _chunked_dp_fits(ctx, states):
+        every = [(c, t) for c in compositions(ctx) for t in ctx.orders(c)]
+        _search_chunked(ctx, every, _subset_masks(ctx, every), inc, chunked)
     templates: list[TemplateCost] = []
     if mixed == "proportional":
         templates = proportional_templates(ctx)
@@ -392,6 +413,12 @@ def _search_decomposed(
         inc.offer(ctx, path[-REFINED:])
         found.append((estimate(ctx, path[-1]), path[-1]))
     return min(e for e, _ in found) if found else math.inf
+
+
+def _chunked_dp_fits(ctx: ShapeContext, states: int) -> bool:
+    """A cluster of more than two types whose every composition the chunk-aware count DP can
+    afford (two-type clusters take it in `_search_pairs`)."""
+    return len(ctx.keys) > 2 and states <= CHUNKED_STATES
 
 
 def _exact_search_fits(ctx: ShapeContext) -> bool:
