@@ -1,6 +1,6 @@
 """Search quality: hpp's default search against the exact reference on clusters of 8-64 GPUs.
 
-    .venv/bin/python bench/search_quality.py [--out docs/benchmarks-search.md]
+    .venv/bin/python bench/search_quality.py [--out docs/benchmarks-search.md] [--only T4 ...]
     .venv/bin/python bench/search_quality.py --cpu-against ebc6d21 [--repeat 3]
 
 On clusters past `search.EXACT_STATES` device-count vectors the default search decomposes
@@ -13,11 +13,15 @@ the three iteration times, the gap to the exact reference and the search times. 
 default within 1% of exact on every cluster (issue 12). `--cpu-against REF` instead times the
 default search alone in CPU seconds per cluster, in this tree and in `src/` at git commit REF
 side by side (a fresh subprocess per search, old and new alternated, median of `--repeat`).
+`--only SUBSTRING` (repeatable) keeps the clusters whose name ("4x H100-80GB + 60x T4")
+contains any of them, or (digits) whose 0-based index it is; `--plans` prints the default's and the
+exact reference's pipelines too (GPU types in stage order, schedule, micro-batch size x count).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -58,7 +62,36 @@ def cluster(groups: tuple[tuple[str, int, int], ...]) -> Cluster:
     return Cluster(nodes=nodes, inter_node_GBps=25.0)
 
 
-def run_case(groups, model: str, batch: int) -> dict:
+def name_of(groups: tuple[tuple[str, int, int], ...]) -> str:
+    """A cluster's name in the tables: "4x A100-80GB + 4x RTX-4090"."""
+    return " + ".join(f"{n * c}x {g}" for g, n, c in groups)
+
+
+def selected(only: list[str] | None) -> list[int]:
+    """Indices of the cases `--only` keeps (all without it)."""
+    return [
+        i
+        for i, (groups, _, _) in enumerate(CASES)
+        if not only or any(o == str(i) if o.isdigit() else o in name_of(groups) for o in only)
+    ]
+
+
+def pipelines(problem: Problem, p) -> str:
+    """A plan in one line per pipeline: its devices' GPU types in order (runs of one type as
+    `3xT4`), schedule and micro-batch size x count, alike pipelines counted."""
+    seen: dict[str, int] = {}
+    for pipe in p.pipelines:
+        names = [problem.cluster.gpu(d).name for d in pipe.devices]
+        runs = [f"{len(list(g))}x{k}" for k, g in itertools.groupby(names)]
+        line = (
+            f"{' '.join(runs)} {pipe.schedule or p.train.schedule} "
+            f"mbs {pipe.micro_batch_size} x {pipe.num_micro_batches}"
+        )
+        seen[line] = seen.get(line, 0) + 1
+    return "\n".join(f"    {n} of: {line}" for line, n in seen.items())
+
+
+def run_case(groups, model: str, batch: int, show: bool = False) -> dict:
     """Default search, hpp's exact path and the exact reference on fresh problems (no shared
     caches)."""
     spec = load_model(model, SEQ)
@@ -66,7 +99,7 @@ def run_case(groups, model: str, batch: int) -> dict:
     def problem() -> Problem:
         return Problem(spec, cluster(groups), TrainSpec(global_batch=batch, seq_len=SEQ))
 
-    row = {"cluster": " + ".join(f"{n * c}x {g}" for g, n, c in groups), "model": model}
+    row = {"cluster": name_of(groups), "model": model}
     row["batch"] = batch
     default = search.EXACT_STATES, search.EXACT_TEMPLATES
     runs = {
@@ -81,6 +114,8 @@ def run_case(groups, model: str, batch: int) -> dict:
             t0 = time.perf_counter()
             r = run()
             row[name] = (r.iteration_time_s, time.perf_counter() - t0)
+            if show and name != "path":
+                print(f"  {name} {r.iteration_time_s:.5f} s:\n{pipelines(problem(), r.plan)}")
         finally:
             search.EXACT_STATES, search.EXACT_TEMPLATES = default
     row["gap"] = row["default"][0] / row["exact"][0] - 1
@@ -98,7 +133,7 @@ def _default_cpu(i: int) -> None:
     print(json.dumps({"cpu_s": time.process_time() - c0, "step_s": r.iteration_time_s}))
 
 
-def cpu_against(ref: str, repeat: int) -> None:
+def cpu_against(ref: str, repeat: int, cases: list[int]) -> None:
     """Per cluster, the default search's median CPU seconds here and at `ref`, side by side."""
     from search_speed import unpack
 
@@ -106,7 +141,8 @@ def cpu_against(ref: str, repeat: int) -> None:
     variants = {"old": unpack(ref), "new": here.parent / "src"}
     total = dict.fromkeys(variants, 0.0)
     print(f"{'cluster':>40} {'model':>10} old CPU s  new CPU s  new/old  old step  new step")
-    for i, (groups, model, _) in enumerate(CASES):
+    for i in cases:
+        groups, model, _ = CASES[i]
         cpus: dict[str, list[float]] = {k: [] for k in variants}
         steps: dict[str, float] = {}
         for _ in range(repeat):
@@ -127,7 +163,7 @@ def cpu_against(ref: str, repeat: int) -> None:
         med = {k: statistics.median(v) for k, v in cpus.items()}
         for k in variants:
             total[k] += med[k]
-        name = " + ".join(f"{n * c}x {g}" for g, n, c in groups)
+        name = name_of(groups)
         print(
             f"{name:>40} {model:>10} {med['old']:9.2f} {med['new']:10.2f} "
             f"{med['new'] / med['old']:8.2f} {steps['old']:9.4f} {steps['new']:9.4f}",
@@ -167,14 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the Markdown table here")
     ap.add_argument("--cpu-against", help="git commit whose default search to time beside this")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--only", action="append", help="keep clusters whose name contains this (or index)"
+    )
+    ap.add_argument("--plans", action="store_true", help="print the two plans per cluster")
     args = ap.parse_args(argv)
+    cases = selected(args.only)
     if args.cpu_against:
-        cpu_against(args.cpu_against, args.repeat)
+        cpu_against(args.cpu_against, args.repeat, cases)
         return 0
     rows = []
     t0, c0 = time.perf_counter(), time.process_time()
-    for groups, model, batch in CASES:
-        rows.append(run_case(groups, model, batch))
+    for i in cases:
+        groups, model, batch = CASES[i]
+        rows.append(run_case(groups, model, batch, args.plans))
         r = rows[-1]
         print(
             f"{r['cluster']:>40} {model:>10} B={batch:<4} default {r['default'][0]:.4f} s "

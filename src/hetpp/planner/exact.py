@@ -32,46 +32,25 @@ than `schedules.CHUNK_COUNTS` chunks, and the fully sharded family (`planner.fsd
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from dataclasses import replace
 
 import numpy as np
 
-from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
-from hetpp.cost.step import StepCost, stage_layer_costs
 from hetpp.planner.assemble import (
     PlanResult,
-    build_plan,
-    evaluate,
-    layout_pipes,
 )
 from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import CountDP, Layout
 from hetpp.planner.oracle import seeded
 from hetpp.planner.problem import Problem
-from hetpp.planner.recompute import drop_unneeded_recompute
-from hetpp.planner.schedules import (
-    CHUNK_COUNTS,
-    _chunked,
-    _groups,
-    _rebalanced,
-    _settle,
-    _with_pipeline,
-    choose_schedules,
-)
 from hetpp.planner.search import (
     _all_templates,
     _peel,
     _search_exact,
     after_schedule_pass,
 )
-from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
-from hetpp.specs.plan import Plan
-from hetpp.specs.schedule import SCHEDULES
-
-Variant = tuple[TemplateCost, str | None, int]
-"""A one-chunk template, the schedule its pipelines run (None: the problem's own) and chunks."""
+from hetpp.planner.shapes import ShapeContext, TemplateCost
+from hetpp.planner.variants import Variant, build_scheduled, priced_variants
 
 
 def search_exact(problem: Problem) -> PlanResult:
@@ -104,8 +83,8 @@ def search_exact(problem: Problem) -> PlanResult:
 
 def _search_variants(ctx: ShapeContext, templates, found, best_s) -> None:
     """The count DP over every (template, schedule) of one setting, peeled by tail per subset
-    of GPU types (as `search._search_exact`); each answer built (`_build`) and kept in
-    `found`."""
+    of GPU types (as `search._search_exact`); each answer built (`variants.build_scheduled`)
+    and kept in `found`."""
     problem = ctx.problem
     rows, meaning = variant_rows(ctx, templates)
     total = problem.micro_batches(ctx.mbs)
@@ -115,7 +94,7 @@ def _search_variants(ctx: ShapeContext, templates, found, best_s) -> None:
     subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
 
     def take(layout: Layout) -> None:
-        got = _build(ctx, [(meaning[index[id(tc)]], n) for tc, n in layout])
+        got = build_scheduled(ctx, [(meaning[index[id(tc)]], n) for tc, n in layout], "exact")
         if got is not None:
             found.append(got)
 
@@ -129,113 +108,14 @@ def variant_rows(
     ctx: ShapeContext, templates: list[tuple[tuple[int, ...], TemplateCost]]
 ) -> tuple[list[tuple[tuple[int, ...], TemplateCost]], list[Variant]]:
     """The count DP's rows, (composition, costed variant), for every template and schedule
-    (`_variants`), and what each row is: (one-chunk template, schedule, chunks)."""
+    (`variants.priced_variants`), and what each row is: (one-chunk template, schedule, chunks)."""
     rows: list[tuple[tuple[int, ...], TemplateCost]] = []
     meaning: list[Variant] = []
     for comp, t in templates:
-        for v, name, chunks in _variants(ctx, t):
+        for v, name, chunks in priced_variants(ctx, t):
             rows.append((comp, v))
             meaning.append((t, name, chunks))
     return rows, meaning
-
-
-def _variants(ctx: ShapeContext, t: TemplateCost) -> list[tuple[TemplateCost, str | None, int]]:
-    """`t` as it is, and as each multi-chunk schedule would run it (fill, beat, fewest
-    micro-batches and memory cap of the re-split pipeline at a representative placement)."""
-    out: list[tuple[TemplateCost, str | None, int]] = [(t, None, 1)]
-    problem = ctx.problem
-    if not problem.chunked_schedules:
-        return out
-    pipes = layout_pipes(problem, [(t, 1)])
-    total = problem.micro_batches(ctx.mbs)
-    if pipes is None:
-        return out
-    plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact", [total])
-    if plan is None:
-        return out
-    for name in problem.chunked_schedules:
-        spec = SCHEDULES[name]
-        for chunks in CHUNK_COUNTS[spec.placement]:
-            pipe = _chunked(problem, plan, plan.pipelines[0], spec, chunks, "balanced")
-            if pipe is None:
-                continue
-            trial = _with_pipeline(plan, 0, pipe)
-            groups = _groups(problem, trial)
-            if groups is None:
-                continue
-            lo = next(
-                (m for m in range(1, total + 1) if spec.micro_batch_problem(
-                    len(pipe.stages), len(pipe.devices), m) is None),
-                None,
-            )  # fmt: skip
-            hi = None if lo is None else _memory_cap(problem, trial, lo, total)
-            if hi is None:
-                continue
-            g = groups[0]
-            v = replace(t, fill_s=g.fill_s, beat_s=g.beat_s, lo=lo, hi=hi)
-            out.append((v, name, chunks))
-    return out
-
-
-def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int) -> int | None:
-    """Most micro-batches the one-pipeline `plan` takes in memory (`UNBOUNDED` if the whole
-    batch fits; None if not even `lo` does), each stage and each device (its stages together)
-    as `cost.step` charges them."""
-    cm = problem.cost_model(plan.train.recompute, shards=1)
-    pipe = plan.pipelines[0]
-    spec = pipe.schedule_in(plan.train)
-    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
-    num, num_devices = len(pipe.stages), len(pipe.devices)
-
-    def excess(m: int) -> float:
-        """Bytes past capacity on the fullest stage or device (<= 0: it fits)."""
-        by_device: dict[int, list] = {}
-        worst = -math.inf
-        for s, (st, c) in enumerate(zip(pipe.stages, costs)):
-            k = spec.in_flight(s, num, m, num_devices)
-            mem = stage_memory(cm.model, cm.train, c, *st.layers, k, m, plan.optimizer_shards)
-            worst = max(worst, mem.total - c.gpu.memory_bytes)
-            by_device.setdefault(st.device, []).append(mem)
-        for d, mems in by_device.items():
-            worst = max(worst, device_memory(mems).total - problem.cluster.gpu(d).memory_bytes)
-        return worst
-
-    cap = most_micro_batches(excess, 0.0, total)
-    if cap < lo:
-        return None
-    return UNBOUNDED if cap >= total else cap
-
-
-def _build(ctx: ShapeContext, chosen: list[tuple[Variant, int]]) -> PlanResult | None:
-    """The plan of a DP answer with each pipeline on its schedule, its batch shares settled and
-    re-balanced, costed in full (None where it cannot be built or does not fit)."""
-    problem = ctx.problem
-    pipes = layout_pipes(problem, [(t, n) for (t, _, _), n in chosen])
-    plan = None if pipes is None else build_plan(problem, ctx.recompute, ctx.mbs, pipes, "exact")
-    if plan is None:
-        return None
-    plan = drop_unneeded_recompute(problem, plan)
-    trial = plan
-    schedules = [v for (_, name, chunks), n in chosen for v in [(name, chunks)] * n]
-    for i, (name, chunks) in enumerate(schedules):
-        if name is not None:
-            pipe = _chunked(problem, plan, plan.pipelines[i], SCHEDULES[name], chunks, "balanced")
-            if pipe is None:
-                return None
-            trial = _with_pipeline(trial, i, pipe)
-    trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
-    best: tuple[Plan, StepCost] | None = None
-    for cand in (trial, None if trial is None else _rebalanced(problem, trial)):
-        s = None if cand is None else evaluate(problem, cand)
-        if (
-            s is not None
-            and s.fits
-            and (best is None or s.iteration_time_s < best[1].iteration_time_s)
-        ):
-            best = (cand, s)
-    if best is None:
-        return None
-    return PlanResult("exact", *choose_schedules(problem, best[0]))  # one-chunk ones left
 
 
 __all__ = ["search_exact"]

@@ -58,10 +58,12 @@ def choose_schedules(
         start = plan
         for name in problem.chunked_schedules:
             spec = SCHEDULES[name]
-            for chunks in CHUNK_COUNTS[spec.placement]:
+            for chunks, flip in itertools.product(
+                CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
+            ):
                 trial = start
                 for i in members:
-                    pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split)
+                    pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split, flip)
                     if pipe is None:
                         break
                     trial = _with_pipeline(trial, i, pipe)
@@ -145,6 +147,17 @@ def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
     )
 
 
+def _flips(problem: Problem, spec: ScheduleSpec, pipe: PipelinePlan) -> tuple[bool, ...]:
+    """Device orders to try `pipe` in under `spec`: as searched, and reversed where that can
+    differ (a V placement whose first and last devices differ in type): the V's first device
+    runs the first and the last stage (embedding and head), so the type a one-chunk order puts
+    last may lead it better (4 A100 + 4 RTX-4090: the A100 first)."""
+    if spec.placement != "v":
+        return (False,)
+    first, last = (problem.cluster.gpu(pipe.devices[i]).name for i in (0, -1))
+    return (False, True) if first != last else (False,)
+
+
 def _with_pipeline(plan: Plan, i: int, pipe: PipelinePlan) -> Plan:
     pipes = list(plan.pipelines)
     pipes[i] = pipe
@@ -158,10 +171,11 @@ def _chunked(
     spec: ScheduleSpec,
     chunks: int,
     split: Split,
+    flip: bool = False,
 ) -> PipelinePlan | None:
-    """`pipe`'s devices running `chunks` stages each under `spec`, or None if its layers,
-    micro-batch count or memory do not allow it."""
-    devices, m = pipe.devices, pipe.num_micro_batches
+    """`pipe`'s devices (in reverse order with `flip`) running `chunks` stages each under
+    `spec`, or None if its layers, micro-batch count or memory do not allow it."""
+    devices, m = pipe.devices[::-1] if flip else pipe.devices, pipe.num_micro_batches
     num_devices = len(devices)
     num = chunks * num_devices
     while m > 1 and spec.micro_batch_problem(num, num_devices, m):

@@ -16,6 +16,11 @@ Hierarchy (docs/architecture.md, "Planner"):
      two-type shapes for types that cannot hold the model alone. Two-type clusters of few
      enough device-count vectors take their mixed shapes in the exact search's count DP
      instead (`_search_pairs`), so layouts of several different mixed shapes are reached.
+   - Chunk-aware: where the count DP runs (the exact path, `_search_pairs`, and every
+     composition of a three-type cluster of few device-count vectors), it runs again with each
+     template at the multi-chunk schedule it runs best under (`_search_chunked`), so layouts
+     that only a chunked schedule makes fast reach the end; their plans are built on those
+     schedules and ranked beside the schedule pass's.
 3. Data balance (`balance`): integer micro-batch counts that minimize the slowest pipeline.
 Micro-batch size and recomputation are outer choices ("settings"), visited in order of an
 optimistic bound (`bounds.ideal_time_bound`) and skipped when it cannot beat the best plan so
@@ -52,6 +57,7 @@ from hetpp.planner.refine import estimate, refine
 from hetpp.planner.schedules import choose_schedules, pass_bound_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
+from hetpp.planner.variants import best_variant, build_scheduled
 
 Progress = Callable[[float, str], None]
 """Called with the fraction done (0..1) and what is being searched."""
@@ -76,6 +82,14 @@ a runner-up with more bubble to remove can overtake the best)."""
 OTHER_SETTINGS = 2
 """... and the best plans of at most this many other settings (micro-batch size, recomputation),
 those the pass could at best make the most of (`schedules.pass_bound_s`)."""
+CHUNKED_STATES = 150
+"""Clusters of more than two types and at most this many device-count vectors (4 + 4 + 4
+devices: 125) take the chunk-aware count DP over every composition (each in its best few stage
+orders) in the settings that get the layer-balanced shapes. 3 + 5 + 7 (192) would cost 0.5 s
+of templates per setting and found nothing better (docs/benchmarks-search.md)."""
+CHUNKED_BUILDS = 2
+"""Answers of the chunk-aware count DP (`_search_chunked`) built and costed in full, per
+setting (each build costs about as much as a schedule pass)."""
 FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
@@ -99,6 +113,7 @@ def search_hpp(
     inc = Incumbent(problem, "hpp", keep=PASS_CANDIDATES)
 
     stopped = []  # set when a check stops the search
+    chunked: list[PlanResult] = []  # plans of the chunk-aware count DPs, schedules chosen
 
     def out_of_time() -> bool:
         if inc.result is not None and time.perf_counter() > limit:
@@ -122,7 +137,7 @@ def search_hpp(
             continue
         ctx = ws.context(rc, mbs)
         if _exact_search_fits(ctx):
-            _search_exact(ctx, inc)
+            _search_exact(ctx, inc, chunked)
         else:
             screened.append((_search_decomposed(ctx, inc, None, out_of_time), ctx))
     # Large clusters: the settings that did best with homogeneous pipelines get the mixed
@@ -136,11 +151,12 @@ def search_hpp(
         if out_of_time():
             break
         if ideal_time_bound(problem, ctx.recompute, ctx.mbs) < inc.bound:
-            _search_decomposed(ctx, inc, kind, out_of_time)
+            _search_decomposed(ctx, inc, kind, out_of_time, chunked)
     if inc.result is None:
         return PlanResult("hpp", None, None, time.perf_counter() - t0, "no plan fits")
     say(0.99, "schedules per pipeline")
     best = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
+    best = min([best, *chunked], key=lambda r: r.iteration_time_s)
     say(0.995, "micro-batch size per pipeline")
     plan, step = mix_micro_batch_sizes(problem, ws, best.plan, best.step)
     if step is not best.step:
@@ -185,30 +201,42 @@ def after_schedule_pass(
     return best
 
 
-def _search_exact(ctx: ShapeContext, inc: Incumbent) -> None:
+def _search_exact(
+    ctx: ShapeContext, inc: Incumbent, chunked: list[PlanResult] | None = None
+) -> None:
     """Small clusters: every multiset of templates, solved exactly for the compute time.
 
     The step also pays gradient sync and optimizer after the slowest pipeline: about the largest
     tail among the templates used, and less with fewer pipelines or nodes. So for every subset
     of GPU types, solve, then peel: forbid templates with the largest tail used and solve again
     (each answer is optimal for every tail cap down to its own largest tail), until the compute
-    time alone reaches the best full cost found (a lower bound: nothing further can win)."""
+    time alone reaches the best full cost found (a lower bound: nothing further can win).
+    With `chunked`, the same over each template at its best schedule (`_search_chunked`)."""
     total = ctx.problem.micro_batches(ctx.mbs)
     templates = _all_templates(ctx)
     if not templates:
         return
     dp = CountDP(templates, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
-    comps = np.array([c for c, _ in templates]) > 0
-    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
-    for q in subsets:
-        if any(q):
-            mask = ~(comps & ~np.array(q)).any(axis=1)
-            _peel(ctx, dp, mask, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+    masks = _subset_masks(ctx, templates)
+    for mask in masks:
+        _peel(ctx, dp, mask, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+    if chunked is not None:
+        _search_chunked(ctx, templates, masks, inc, chunked)
     # With a good incumbent, rank the remaining multisets by the full cost where they are
     # few enough; their lower bound (`multisets.lower_bounds`) prunes most of them.
     shapes = [t for _, t in templates]
     if count_multisets([c for c, _ in templates], ctx.counts) <= EXACT_MULTISETS:
         branch_and_bound(ctx, shapes, lambda: inc.bound, lambda lay: inc.offer(ctx, [lay]))
+
+
+def _subset_masks(
+    ctx: ShapeContext, templates: list[tuple[tuple[int, ...], TemplateCost]]
+) -> list[np.ndarray]:
+    """Per non-empty subset of GPU types (the most types first), which templates use only
+    those types."""
+    comps = np.array([c for c, _ in templates]) > 0
+    subsets = sorted(itertools.product((False, True), repeat=len(ctx.keys)), key=lambda q: -sum(q))
+    return [~(comps & ~np.array(q)).any(axis=1) for q in subsets if any(q)]
 
 
 def _peel(
@@ -231,7 +259,52 @@ def _peel(
         mask = mask & (tails < max(x.tail_s for x, _ in got[1]))
 
 
-def _search_pairs(ctx: ShapeContext, inc: Incumbent, items: dict[str, list[TemplateCost]]) -> float:
+def _search_chunked(
+    ctx: ShapeContext,
+    templates: list[tuple[tuple[int, ...], TemplateCost]],
+    masks: list[np.ndarray],
+    inc: Incumbent,
+    found: list[PlanResult],
+) -> None:
+    """The count DP again with each template at the schedule it runs its share of the batch
+    (in proportion to its devices) fastest under, at a cheap price (`variants.best_variant`),
+    peeled by tail over each of `masks` until the compute time reaches the best estimate so
+    far; the best `CHUNKED_BUILDS` answers by estimate (compute time and tail) that use a
+    multi-chunk schedule are built on their schedules (`variants.build_scheduled`, memory and
+    torch's micro-batch rules included) into `found`. So a layout that only a multi-chunk
+    schedule makes fast (fewer, deeper pipelines) is ranked as it will run, not by its 1F1B
+    bubble. Nothing when no template gains by a schedule."""
+    total = ctx.problem.micro_batches(ctx.mbs)
+    units = sum(ctx.counts)
+    rows = [best_variant(ctx, t, max(1, round(total * sum(c) / units))) for c, t in templates]
+    if all(v[1] is None for _, v in rows):
+        return
+    budget = ctx.problem.schedule_spec.devices_within_batch
+    dp = CountDP([(c, r) for (c, _), (r, _) in zip(templates, rows)], ctx.counts, total, budget)
+    meaning = {id(r): v for r, v in rows}
+    answers: list[tuple[float, Layout]] = []
+
+    def take(layout: Layout) -> None:
+        if any(meaning[id(r)][1] for r, _ in layout):  # the one-chunk DP has the others
+            answers.append((layout_time(layout, total, False) + layout_tail(ctx, layout), layout))
+
+    def bound() -> float:
+        return min([inc.bound, *(e for e, _ in answers)])
+
+    for mask in masks:
+        _peel(ctx, dp, mask, bound, take)
+    for _, layout in sorted(answers, key=lambda x: x[0])[:CHUNKED_BUILDS]:
+        got = build_scheduled(ctx, [(meaning[id(r)], n) for r, n in layout])
+        if got is not None and got.feasible:
+            found.append(got)
+
+
+def _search_pairs(
+    ctx: ShapeContext,
+    inc: Incumbent,
+    items: dict[str, list[TemplateCost]],
+    chunked: list[PlanResult] | None = None,
+) -> float:
     """The mixed pass of two-type clusters with few device-count vectors (`PAIR_DP_STATES`):
     the count DP of the exact search over the homogeneous depths and every shape with a few
     devices of either type (`mixed_templates(every=True)`), peeled by tail as there until the
@@ -241,14 +314,16 @@ def _search_pairs(ctx: ShapeContext, inc: Incumbent, items: dict[str, list[Templ
     32 RTX-4090: 2 A100 + 13 RTX-4090, 2 A100 + 14 RTX-4090 and 1 RTX-4090 + 8 A100 next to
     four 1 RTX-4090 + 5 A100), and needs no order of options by a bound (16 H100 +
     16 A100-40GB: two 3 A100 + 8 H100 next to 10 A100, an option the bound ranked 201st of
-    240). Returns the best estimate."""
+    240). With `chunked`, the count DP again at each template's best schedule
+    (`_search_chunked`). Returns the best estimate."""
     templates = [t for v in items.values() for t in v]
     templates = list(dict.fromkeys(templates + mixed_templates(ctx, items, every=True)))
     if not templates:
         return math.inf
     total = ctx.problem.micro_batches(ctx.mbs)
     budget = ctx.problem.schedule_spec.devices_within_batch
-    dp = CountDP([(composition(ctx, t), t) for t in templates], ctx.counts, total, budget)
+    rows = [(composition(ctx, t), t) for t in templates]
+    dp = CountDP(rows, ctx.counts, total, budget)
     found: list[tuple[float, Layout]] = []
     _peel(
         ctx,
@@ -257,6 +332,8 @@ def _search_pairs(ctx: ShapeContext, inc: Incumbent, items: dict[str, list[Templ
         lambda: min([inc.bound, *(e for e, _ in found)]),
         lambda lay: found.append((estimate(ctx, lay), lay)),
     )
+    if chunked is not None:
+        _search_chunked(ctx, rows, [np.ones(len(rows), dtype=bool)], inc, chunked)
     if not found:
         return math.inf
     found.sort(key=lambda x: x[0])
@@ -273,6 +350,7 @@ def _search_decomposed(
     inc: Incumbent,
     mixed: str | None,
     out_of_time: Callable[[], bool] = lambda: False,
+    chunked: list[PlanResult] | None = None,
 ) -> float:
     """Large clusters: per-type knapsack over homogeneous depths plus (`mixed`) one mixed
     template taken k times: the layer-balanced shapes ("proportional") or two-type shapes for
@@ -287,7 +365,10 @@ def _search_decomposed(
     items = homogeneous_items(ctx)
     states = math.prod(n + 1 for n in ctx.counts)
     if mixed == "pairs" and len(ctx.keys) == 2 and states <= PAIR_DP_STATES:
-        return _search_pairs(ctx, inc, items)
+        return _search_pairs(ctx, inc, items, chunked)
+    if chunked is not None and mixed == "proportional" and _chunked_dp_fits(ctx, states):
+        every = [(c, t) for c in compositions(ctx) for t in ctx.orders(c)]
+        _search_chunked(ctx, every, _subset_masks(ctx, every), inc, chunked)
     templates: list[TemplateCost] = []
     if mixed == "proportional":
         templates = proportional_templates(ctx)
@@ -332,6 +413,12 @@ def _search_decomposed(
         inc.offer(ctx, path[-REFINED:])
         found.append((estimate(ctx, path[-1]), path[-1]))
     return min(e for e, _ in found) if found else math.inf
+
+
+def _chunked_dp_fits(ctx: ShapeContext, states: int) -> bool:
+    """A cluster of more than two types whose every composition the chunk-aware count DP can
+    afford (two-type clusters take it in `_search_pairs`)."""
+    return len(ctx.keys) > 2 and states <= CHUNKED_STATES
 
 
 def _exact_search_fits(ctx: ShapeContext) -> bool:
