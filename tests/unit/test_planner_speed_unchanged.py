@@ -38,14 +38,14 @@ EXPECTED = [
 ]
 
 
-def _search(cluster: str, model: str, batch: int, sharding: str):
+def _search(cluster: str, model: str, batch: int, sharding: str, strategy: str = "best"):
     problem = Problem(
         load_model(model, 2048),
         load_cluster(SCENARIOS / f"{cluster}.yaml"),
         TrainSpec(global_batch=batch, seq_len=2048),
         sharding_mode=sharding,
     )
-    return plan(problem, "best")
+    return plan(problem, strategy)
 
 
 @pytest.mark.parametrize(("cluster", "model", "batch", "sharding", "step_s"), EXPECTED)
@@ -55,7 +55,22 @@ def test_default_search_plan_cost_unchanged(cluster, model, batch, sharding, ste
     assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
 
 
+FSDP_EXPECTED = [("lab-64", "gpt3-13b", 256, 6.857256326516825)]
+"""The FSDP family alone (its candidates costed without plans, branch speed): lab-64's best
+fully sharded plan, 6.857256326516825 s by e646b2f's code."""
+
+
+@pytest.mark.parametrize(("cluster", "model", "batch", "step_s"), FSDP_EXPECTED)
+def test_fsdp_search_plan_cost_unchanged(cluster, model, batch, step_s):
+    got = _search(cluster, model, batch, "none", "fsdp")
+    assert got.feasible
+    assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
+
+
 if __name__ == "__main__":
     for cluster, model, batch, sharding, _ in EXPECTED:
         got = _search(cluster, model, batch, sharding).iteration_time_s
         print(f'    ("{cluster}", "{model}", {batch}, "{sharding}", {got!r}),', flush=True)
+    for cluster, model, batch, _ in FSDP_EXPECTED:
+        got = _search(cluster, model, batch, "none", "fsdp").iteration_time_s
+        print(f'    ("{cluster}", "{model}", {batch}, {got!r}),', flush=True)

@@ -18,8 +18,7 @@ import time
 from collections.abc import Sequence
 
 from hetpp.cost.compute import CostModel
-from hetpp.cost.fsdp import fsdp_memory
-from hetpp.cost.step import StepCost
+from hetpp.cost.fsdp import fsdp_memory, fsdp_ranks_step
 from hetpp.planner.assemble import PlanResult, evaluate
 from hetpp.planner.problem import Problem, TypePool
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
@@ -35,7 +34,10 @@ def search_fsdp(problem: Problem) -> PlanResult:
         return PlanResult("fsdp", None, None, 0.0, "FSDP plans have no tensor-parallel stages")
     if problem.train.half_params:  # FSDP2 keeps fp32 sharded parameters as the masters
         return PlanResult("fsdp", None, None, 0.0, "FSDP plans keep fp32 parameters")
-    best: tuple[Plan, StepCost] | None = None
+    # Every candidate's step time from its devices alone (`cost.fsdp.fsdp_ranks_step`, the
+    # full cost's own number); plans, one pipeline per device, are built and fully costed in
+    # order of that time only until one fits: the fastest that fits, the first of equals.
+    found: list[tuple[float, int, bool, list[int], list[int], int]] = []
     for pools in _type_sets(problem):
         ids = sorted(d for pool in pools for node in pool.nodes for d in node)
         for rc in problem.recompute_options():
@@ -45,14 +47,15 @@ def search_fsdp(problem: Problem) -> PlanResult:
                 sizes = _shares(cm, problem, ids, problem.global_batch // m, caps)
                 if sizes is None:
                     continue
-                plan = _plan(problem, rc, ids, sizes, m)
-                step = evaluate(problem, plan)
-                if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
-                    best = (plan, step)
-    elapsed = time.perf_counter() - t0
-    if best is None:
-        return PlanResult("fsdp", None, None, elapsed, "no fully sharded plan fits")
-    return PlanResult("fsdp", best[0], best[1], elapsed)
+                ranks = [(d, b, rc) for d, b in zip(ids, sizes)]
+                cost = fsdp_ranks_step(ranks, m, problem.cost_model(rc, shards=1))
+                found.append((cost.iteration_time_s, len(found), rc, ids, sizes, m))
+    for _, _, rc, ids, sizes, m in sorted(found, key=lambda x: x[:2]):
+        plan = _plan(problem, rc, ids, sizes, m)
+        step = evaluate(problem, plan)
+        if step.fits:
+            return PlanResult("fsdp", plan, step, time.perf_counter() - t0)
+    return PlanResult("fsdp", None, None, time.perf_counter() - t0, "no fully sharded plan fits")
 
 
 def _type_sets(problem: Problem) -> list[list[TypePool]]:
