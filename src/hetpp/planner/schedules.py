@@ -177,11 +177,8 @@ def _chunked(
             return None
     else:
         bounds = equal_bounds(problem.layer_list_len, num)
-    # Unvalidated: valid by construction (a device id, a non-empty range of increasing cuts),
-    # and validating every stage of every member of every trial was a tenth of the pass on
-    # 8192 GPUs (the pipeline is validated).
     stages = tuple(
-        StagePlan.model_construct(devices=(d,), layers=(a, b))
+        StagePlan(devices=(d,), layers=(a, b))
         for d, (a, b) in zip(placed, itertools.pairwise(bounds))
     )
     return PipelinePlan(
