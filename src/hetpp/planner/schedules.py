@@ -161,22 +161,18 @@ def _chunked(
 ) -> PipelinePlan | None:
     """`pipe`'s devices running `chunks` stages each under `spec`, or None if its layers,
     micro-batch count or memory do not allow it."""
-    devices, m = pipe.devices, pipe.num_micro_batches
-    num_devices = len(devices)
-    num = chunks * num_devices
-    while m > 1 and spec.micro_batch_problem(num, num_devices, m):
-        m -= 1  # the nearest count torch takes; `_settle` hands the rest to other pipelines
-    if num > problem.layer_list_len or spec.micro_batch_problem(num, num_devices, m):
+    devices = pipe.devices
+    num = chunks * len(devices)
+    placed = [devices[spec.device_index(s, len(devices))] for s in range(num)]
+    # The count and cuts depend on the pipeline's shape only: pipelines of one shape (a
+    # trial moves them together) share them, memoized on the cost model the cuts read.
+    memo = problem.cost_model(plan.train.recompute).pipeline_memo
+    key = ("chunked", _shape(problem, pipe), len(devices), spec.name, chunks, split)
+    if key not in memo:
+        memo[key] = _chunked_cuts(problem, plan, pipe, spec, chunks, split, placed)
+    if memo[key] is None:
         return None
-    placed = [devices[spec.device_index(s, num_devices)] for s in range(num)]
-    if split == "balanced":
-        bounds = _kept_counts_bounds(pipe, spec, chunks) or _proportional_bounds(
-            problem, plan, pipe, placed, chunks
-        )
-        if bounds is None:
-            return None
-    else:
-        bounds = equal_bounds(problem.layer_list_len, num)
+    m, bounds = memo[key]
     stages = tuple(
         StagePlan(devices=(d,), layers=(a, b))
         for d, (a, b) in zip(placed, itertools.pairwise(bounds))
@@ -185,6 +181,33 @@ def _chunked(
         stages=stages, schedule=spec.name, micro_batch_size=pipe.micro_batch_size,
         num_micro_batches=m,
     )  # fmt: skip
+
+
+def _chunked_cuts(
+    problem: Problem,
+    plan: Plan,
+    pipe: PipelinePlan,
+    spec: ScheduleSpec,
+    chunks: int,
+    split: Split,
+    placed: list[int],
+) -> tuple[int, tuple[int, ...]] | None:
+    """`_chunked`'s micro-batch count and cuts for `pipe` (its stages on `placed`), or None."""
+    num_devices, m = len(pipe.devices), pipe.num_micro_batches
+    num = len(placed)
+    while m > 1 and spec.micro_batch_problem(num, num_devices, m):
+        m -= 1  # the nearest count torch takes; `_settle` hands the rest to other pipelines
+    if num > problem.layer_list_len or spec.micro_batch_problem(num, num_devices, m):
+        return None
+    if split == "balanced":
+        bounds = _kept_counts_bounds(pipe, spec, chunks) or _proportional_bounds(
+            problem, plan, pipe, placed, chunks
+        )
+        if bounds is None:
+            return None
+    else:
+        bounds = equal_bounds(problem.layer_list_len, num)
+    return m, bounds
 
 
 def _kept_counts_bounds(
