@@ -173,14 +173,19 @@ def _chunked(
     if memo[key] is None:
         return None
     m, bounds = memo[key]
-    stages = tuple(
-        StagePlan(devices=(d,), layers=(a, b))
-        for d, (a, b) in zip(placed, itertools.pairwise(bounds))
-    )
+    stages = tuple(_stage(d, a, b) for d, (a, b) in zip(placed, itertools.pairwise(bounds)))
     return PipelinePlan(
         stages=stages, schedule=spec.name, micro_batch_size=pipe.micro_batch_size,
         num_micro_batches=m,
     )  # fmt: skip
+
+
+@lru_cache(maxsize=1 << 16)
+def _stage(device: int, start: int, end: int) -> StagePlan:
+    """A one-device stage; frozen, so shared by every trial that places it alike (schedules of
+    one placement, the pass's runs on plans with common pipelines): validating each anew was
+    most of a trial's re-split."""
+    return StagePlan(devices=(device,), layers=(start, end))
 
 
 def _chunked_cuts(
@@ -293,15 +298,20 @@ def _groups(problem: Problem, plan: Plan) -> list[PipelineGroup] | None:
     for s in stages:
         per_pipeline.setdefault(s.pipeline, []).append(s)
     groups = []
+    lines: dict[tuple, tuple[float, float]] = {}  # pipelines of one kind share their line
     for p, pipe in enumerate(plan.pipelines):
         spec = pipe.schedule_in(plan.train)
         if not spec.bounded_in_flight:
             return None  # memory caps its micro-batches: the search's shares stand
         own = per_pipeline[p]
-        fill, beat = fill_and_beat(
-            [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
-            spec.name, len(pipe.devices), [s.weight_s for s in own],
-        )  # fmt: skip
+        times = tuple((s.fwd_s, s.bwd_s, s.send_s, s.weight_s) for s in own)
+        key = (spec.name, len(pipe.devices), times)
+        if key not in lines:
+            lines[key] = fill_and_beat(
+                [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
+                spec.name, len(pipe.devices), [s.weight_s for s in own],
+            )  # fmt: skip
+        fill, beat = lines[key]
         groups.append(PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.stages)), total))
     return groups
 
