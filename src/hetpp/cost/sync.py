@@ -30,8 +30,9 @@ def run_buckets(
     free = dict(done)
     out = []
     for owners, seconds in buckets:
-        ready = max(done[o] for o in owners)
-        start = max(ready, *(free[o] for o in owners))
+        # lists, not generators: this runs for every bucket of every layout the search ranks
+        ready = max([done[o] for o in owners])
+        start = max([ready, *[free[o] for o in owners]])
         end = start + seconds
         for o in owners:
             free[o] = end
