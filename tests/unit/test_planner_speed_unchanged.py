@@ -16,7 +16,9 @@ sharding, which the later speed work's per-kind optimizer steps and layout tails
 was computed by af47e1a's code the same way. Reprinted again when 1F1B stages were charged
 their live receive buffers only (branch recvbuf): lab-64 6.515762989326795 s ->
 6.325063125116907 s (less memory per stage); the other rows are unchanged (printed by the tree
-of that merge, before the second speed round was merged)."""
+of that merge, before the second speed round was merged). The third speed round added rows
+of the baselines and the FSDP family run alone (their plans are reported too), computed by
+e646b2f's code the same way."""
 
 from __future__ import annotations
 
@@ -30,15 +32,23 @@ from hetpp.specs import TrainSpec, load_cluster, load_model
 SCENARIOS = Path(__file__).parents[2] / "bench" / "scenarios"
 
 EXPECTED = [
-    ("mixed-8", "gpt3-1.3b", 64, "none", 1.1878759165391406),
-    ("gen-16", "llama2-7b", 64, "none", 1.5114927832243115),
-    ("edu-32", "gpt3-13b", 128, "none", 11.057640436674578),
-    ("lab-64", "gpt3-13b", 256, "none", 6.325063125116907),
-    ("gen-16", "llama2-7b", 64, "optimizer", 1.5088220917091384),
+    ("mixed-8", "gpt3-1.3b", 64, "none", "best", 1.1878759165391406),
+    ("gen-16", "llama2-7b", 64, "none", "best", 1.5114927832243115),
+    ("edu-32", "gpt3-13b", 128, "none", "best", 11.057640436674578),
+    ("lab-64", "gpt3-13b", 256, "none", "best", 6.325063125116907),
+    ("gen-16", "llama2-7b", 64, "optimizer", "best", 1.5088220917091384),
+    # Strategies whose plans are reported on their own, each run alone (branch speed, third
+    # round: the FSDP family's candidates costed without plans, data balance's columns read
+    # once), computed by e646b2f's code.
+    ("lab-64", "gpt3-13b", 256, "none", "fsdp", 6.857256326516825),
+    ("lab-64", "gpt3-13b", 256, "none", "uniform", 8.595396762254783),
+    ("lab-64", "gpt3-13b", 256, "none", "layer-balanced", 6.648145467030393),
+    ("lab-64", "gpt3-13b", 256, "none", "data-balanced", 8.998786947132023),
+    ("h100-a100-t4", "gpt3-2.7b", 128, "none", "data-balanced", 1.4363255296108777),
 ]
 
 
-def _search(cluster: str, model: str, batch: int, sharding: str, strategy: str = "best"):
+def _search(cluster: str, model: str, batch: int, sharding: str, strategy: str):
     problem = Problem(
         load_model(model, 2048),
         load_cluster(SCENARIOS / f"{cluster}.yaml"),
@@ -48,36 +58,17 @@ def _search(cluster: str, model: str, batch: int, sharding: str, strategy: str =
     return plan(problem, strategy)
 
 
-@pytest.mark.parametrize(("cluster", "model", "batch", "sharding", "step_s"), EXPECTED)
-def test_default_search_plan_cost_unchanged(cluster, model, batch, sharding, step_s):
-    got = _search(cluster, model, batch, sharding)
-    assert got.feasible
-    assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
-
-
-ALONE_EXPECTED = [
-    ("lab-64", "gpt3-13b", 256, "fsdp", 6.857256326516825),
-    ("lab-64", "gpt3-13b", 256, "uniform", 8.595396762254783),
-    ("lab-64", "gpt3-13b", 256, "layer-balanced", 6.648145467030393),
-    ("lab-64", "gpt3-13b", 256, "data-balanced", 8.998786947132023),
-    ("h100-a100-t4", "gpt3-2.7b", 128, "data-balanced", 1.4363255296108777),
-]
-"""Strategies whose plans are reported on their own, each run alone (branch speed, third
-round: the FSDP family's candidates costed without plans, data balance's columns read once):
-costs computed by e646b2f's code."""
-
-
-@pytest.mark.parametrize(("cluster", "model", "batch", "strategy", "step_s"), ALONE_EXPECTED)
-def test_strategy_alone_plan_cost_unchanged(cluster, model, batch, strategy, step_s):
-    got = _search(cluster, model, batch, "none", strategy)
+@pytest.mark.parametrize(("cluster", "model", "batch", "sharding", "strategy", "step_s"), EXPECTED)
+def test_search_plan_cost_unchanged(cluster, model, batch, sharding, strategy, step_s):
+    got = _search(cluster, model, batch, sharding, strategy)
     assert got.feasible
     assert got.iteration_time_s == pytest.approx(step_s, rel=1e-12)
 
 
 if __name__ == "__main__":
-    for cluster, model, batch, sharding, _ in EXPECTED:
-        got = _search(cluster, model, batch, sharding).iteration_time_s
-        print(f'    ("{cluster}", "{model}", {batch}, "{sharding}", {got!r}),', flush=True)
-    for cluster, model, batch, strategy, _ in ALONE_EXPECTED:
-        got = _search(cluster, model, batch, "none", strategy).iteration_time_s
-        print(f'    ("{cluster}", "{model}", {batch}, "{strategy}", {got!r}),', flush=True)
+    for cluster, model, batch, sharding, strategy, _ in EXPECTED:
+        got = _search(cluster, model, batch, sharding, strategy).iteration_time_s
+        print(
+            f'    ("{cluster}", "{model}", {batch}, "{sharding}", "{strategy}", {got!r}),',
+            flush=True,
+        )
