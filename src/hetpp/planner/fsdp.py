@@ -12,6 +12,7 @@ candidate is ranked by the full step cost (`cost.step.step_cost`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import time
@@ -98,22 +99,62 @@ def _shares(
     keys = [problem.cluster.gpu(d).name.lower() for d in ids]
     if any(caps[k] == 0 for k in keys) or sum(caps[k] for k in keys) < samples:
         return None
-    sizes = [1] * len(ids)
-    pools = problem.pools
-    seen: dict[tuple[str, int], float] = {}  # devices of one type ask the same sizes
+    # a micro-batch's time per type and size (index 0 unused), up to the type's cap
+    times = {
+        k: [0.0, *(_sample_s(cm, problem.pools[k], b) for b in range(1, caps[k] + 1))]
+        for k in set(keys)
+    }
+    strict = all(a < b for t in times.values() for a, b in itertools.pairwise(t[2:]))
+    fill = _fill_by_type if strict else _fill_by_device
+    return fill(keys, caps, times, samples - len(ids))
 
-    def sample_s(key: str, size: int) -> float:
-        if (key, size) not in seen:
-            seen[(key, size)] = _sample_s(cm, pools[key], size)
-        return seen[(key, size)]
 
-    heap = [(sample_s(k, 2), i) for i, k in enumerate(keys) if caps[k] > 1]
+def _fill_by_device(
+    keys: Sequence[str], caps: dict[str, int], times: dict[str, list[float]], left: int
+) -> list[int]:
+    """From one sample each, `left` more one at a time, each to the device whose micro-batch
+    would end first with it (the lowest index on ties), within its type's cap."""
+    sizes = [1] * len(keys)
+    heap = [(times[k][2], i) for i, k in enumerate(keys) if caps[k] > 1]
     heapq.heapify(heap)
-    for _ in range(samples - len(ids)):
+    for _ in range(left):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < caps[keys[i]]:
-            heapq.heappush(heap, (sample_s(keys[i], sizes[i] + 1), i))
+            heapq.heappush(heap, (times[keys[i]][sizes[i] + 1], i))
+    return sizes
+
+
+def _fill_by_type(
+    keys: Sequence[str], caps: dict[str, int], times: dict[str, list[float]], left: int
+) -> list[int]:
+    """`_fill_by_device`'s sizes, a run of devices at a time, for times strictly increasing in
+    the size: then the devices of one type take samples in turn, in index order (the next
+    one, at the lowest size, always has the least time of its type), so a type's devices take
+    one each for as long as they come before every other type's next one. A large cluster
+    hands out tens of thousands of samples over a few types."""
+    sizes = [1] * len(keys)
+    members: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        members.setdefault(k, []).append(i)
+    at = {k: (1, 0) for k in members}  # (size of the type's lowest devices, how many are past it)
+    heap = [(times[k][2], m[0], k) for k, m in members.items() if caps[k] > 1]
+    heapq.heapify(heap)
+    while left:
+        t, _, k = heapq.heappop(heap)
+        m, (size, done) = members[k], at[k]
+        n = len(m) - done
+        if heap and heap[0][0] == t:  # equal times: the lower index first
+            n = bisect.bisect_left(m, heap[0][1], lo=done) - done
+        n = min(n, left)
+        for i in m[done : done + n]:
+            sizes[i] = size + 1
+        left, done = left - n, done + n
+        if done == len(m):
+            size, done = size + 1, 0
+        at[k] = (size, done)
+        if size < caps[k]:
+            heapq.heappush(heap, (times[k][size + 1], m[done], k))
     return sizes
 
 
