@@ -1,10 +1,13 @@
 """The FSDP family's search (`planner.fsdp`): shares by speed, memory caps, one count."""
 
+import itertools
+import random
+
 from planner_cases import cluster, problem
 
 from hetpp.cost.step import step_cost
 from hetpp.planner import plan
-from hetpp.planner.fsdp import _micro_batch_counts
+from hetpp.planner.fsdp import _fill_by_device, _fill_by_type, _micro_batch_counts
 
 
 def test_shares_go_by_speed_and_every_device_runs_the_same_micro_batch_count():
@@ -38,3 +41,19 @@ def test_nothing_fits_says_so():
     p = problem(cluster(("T4", 1, 1)), "llama2-13b", 8, seq=2048)
     r = plan(p, "fsdp")
     assert not r.feasible and r.note == "no fully sharded plan fits"
+
+
+def test_shares_a_run_at_a_time_are_the_shares_one_sample_at_a_time():
+    """`_fill_by_type` (a run of one type's devices at a time) hands out what the one-sample
+    heap does, on times strictly increasing in the size with ties across types."""
+    rng = random.Random(0)
+    for _ in range(500):
+        types = [f"t{j}" for j in range(rng.randint(1, 4))]
+        keys = [rng.choice(types) for _ in range(rng.randint(1, 40))]
+        caps = {k: rng.randint(1, 6) for k in types}
+        times = {
+            k: [0.0, *itertools.accumulate(rng.choice((0.25, 0.5, 1.0)) for _ in range(caps[k]))]
+            for k in types
+        }
+        left = rng.randint(0, sum(caps[k] - 1 for k in keys))
+        assert _fill_by_type(keys, caps, times, left) == _fill_by_device(keys, caps, times, left)

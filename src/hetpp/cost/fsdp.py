@@ -143,20 +143,34 @@ class FsdpStep:
         return self.lockstep_s - self.compute_s
 
 
+FsdpRank = tuple[int, int, bool]
+"""One device of an FSDP plan: (device id, micro-batch size, whether it recomputes)."""
+
+
 def fsdp_step(plan: Plan, cm: CostModel) -> FsdpStep:
     """Cost of one step of a fully sharded plan (`plan.sharding == "full"`)."""
+    ranks = [
+        (p.stages[0].device, p.micro_batch_size, p.stages[0].recomputes(cm.train))
+        for p in plan.pipelines
+    ]
+    # One micro-batch count for every device (validate_plan).
+    return fsdp_ranks_step(ranks, plan.pipelines[0].num_micro_batches, cm)
+
+
+def fsdp_ranks_step(ranks: Sequence[FsdpRank], m: int, cm: CostModel) -> FsdpStep:
+    """`fsdp_step` of the plan whose devices are `ranks`, in order, at `m` micro-batches (the
+    FSDP search costs its candidates so, without building a plan of one pipeline per device)."""
     model, train, cluster = cm.model, cm.train, cm.cluster
-    ids = [pipe.stages[0].device for pipe in plan.pipelines]
+    ids = [d for d, _, _ in ranks]
     gather, scatter = unit_comm_s(model, train, len(ids), group_link(cluster, ids))
-    m = plan.pipelines[0].num_micro_batches  # one count for every device (validate_plan)
     opt_s = {}
     own: dict[tuple[str, int, bool], tuple[LayerCosts, float, StageMemory]] = {}
     devices = []
-    for pipe in plan.pipelines:  # devices of one type and batch share cost the same: once
-        st, gpu = pipe.stages[0], cluster.gpu(pipe.stages[0].device)
-        key = (gpu.name, pipe.micro_batch_size, st.recomputes(train))
+    for device, size, recompute in ranks:  # devices of one type and size cost the same: once
+        gpu = cluster.gpu(device)
+        key = (gpu.name, size, recompute)
         if key not in own:
-            costs = cm.layer_costs(gpu, pipe.micro_batch_size, st.recomputes(train))
+            costs = cm.layer_costs(gpu, size, recompute)
             own[key] = (
                 costs,
                 m * overlapped_s(costs.fwd_s, costs.bwd_s, gather, scatter),
@@ -166,7 +180,7 @@ def fsdp_step(plan: Plan, cm: CostModel) -> FsdpStep:
             opt_s[gpu.name] = optimizer_step_s(
                 sharded_bytes(model, train, len(ids)), gpu.mem_bw_bytes_per_s
             )
-        devices.append(FsdpDevice(st.device, *own[key], opt_s[gpu.name]))
+        devices.append(FsdpDevice(device, *own[key], opt_s[gpu.name]))
     kinds = [v[0] for v in own.values()]
     fwd = np.max([c.fwd_s for c in kinds], axis=0)
     bwd = np.max([c.bwd_s for c in kinds], axis=0)

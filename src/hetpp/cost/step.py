@@ -155,6 +155,12 @@ def _pipeline_costs(
     memo = cm.pipeline_memo
     if len(memo) >= PIPELINE_MEMO:
         memo.clear()
+    # By identity first: plans built from one another share their pipeline objects, and
+    # hashing a pipeline (every field of every stage, ~6 us) costs more than the rest of a hit.
+    # The entry holds the pipeline, so its id is not reused while the entry lives.
+    same = memo.get(("id", id(pipe), p, shards))
+    if same is not None and same[0] is pipe:
+        return same[1]
     key = (pipe, p, shards)
     got = memo.get(key)
     if got is None:
@@ -169,6 +175,7 @@ def _pipeline_costs(
             for s, (st, row) in enumerate(zip(pipe.stages, rows[0]))
         ]
         got = memo[key] = (own, rows[1])
+    memo[("id", id(pipe), p, shards)] = (pipe, got)
     return got
 
 

@@ -35,8 +35,9 @@ def run_buckets(
     busy: dict[K, float] = {}
     out = []
     for i, (owners, seconds) in enumerate(buckets):
-        ready = max(done[o] for o in owners) if ready_s is None else ready_s[i]
-        start = max(ready, *(busy.get(o, ready) for o in owners))
+        # lists, not generators: this runs for every bucket of every layout the search ranks
+        ready = max([done[o] for o in owners]) if ready_s is None else ready_s[i]
+        start = max([ready, *[busy.get(o, ready) for o in owners]])
         end = start + seconds
         for o in owners:
             busy[o] = end

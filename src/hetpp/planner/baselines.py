@@ -135,14 +135,17 @@ def _one_depth_per_type(
     runs the most micro-batches by time t (with `device_budget`, devices in use capped by the
     micro-batches of the batch)."""
 
+    # Each type's columns and pipeline counts, read once for every t the solver is asked.
+    types = [
+        (ts, template_arrays(ts), np.array([count // x.num_stages for x in ts]))
+        for count, ts in items.values()
+        if ts
+    ]
+
     def solve(t: float) -> tuple[float, Layout]:
         value, layout, used = 0.0, [], 0
-        for count, templates in items.values():
-            if not templates:
-                continue
-            a = template_arrays(templates)
+        for templates, a, n in types:
             caps = capacities(t, a["fill"], a["beat"], a["lo"], np.minimum(a["hi"], total))
-            n = np.array([count // x.num_stages for x in templates])
             best = int(np.argmax(caps * n))
             if caps[best] > 0:
                 value += float(caps[best] * n[best])

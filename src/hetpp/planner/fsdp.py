@@ -12,14 +12,14 @@ candidate is ranked by the full step cost (`cost.step.step_cost`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import time
 from collections.abc import Sequence
 
 from hetpp.cost.compute import CostModel
-from hetpp.cost.fsdp import fsdp_memory
-from hetpp.cost.step import StepCost
+from hetpp.cost.fsdp import fsdp_memory, fsdp_ranks_step
 from hetpp.planner.assemble import PlanResult, evaluate
 from hetpp.planner.problem import Problem, TypePool
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
@@ -35,7 +35,10 @@ def search_fsdp(problem: Problem) -> PlanResult:
         return PlanResult("fsdp", None, None, 0.0, "FSDP plans have no tensor-parallel stages")
     if problem.train.half_params:  # FSDP2 keeps fp32 sharded parameters as the masters
         return PlanResult("fsdp", None, None, 0.0, "FSDP plans keep fp32 parameters")
-    best: tuple[Plan, StepCost] | None = None
+    # Every candidate's step time from its devices alone (`cost.fsdp.fsdp_ranks_step`, the
+    # full cost's own number); plans, one pipeline per device, are built and fully costed in
+    # order of that time only until one fits: the fastest that fits, the first of equals.
+    found: list[tuple[float, int, bool, list[int], list[int], int]] = []
     for pools in _type_sets(problem):
         ids = sorted(d for pool in pools for node in pool.nodes for d in node)
         for rc in problem.recompute_options():
@@ -45,14 +48,15 @@ def search_fsdp(problem: Problem) -> PlanResult:
                 sizes = _shares(cm, problem, ids, problem.global_batch // m, caps)
                 if sizes is None:
                     continue
-                plan = _plan(problem, rc, ids, sizes, m)
-                step = evaluate(problem, plan)
-                if step.fits and (best is None or step.iteration_time_s < best[1].iteration_time_s):
-                    best = (plan, step)
-    elapsed = time.perf_counter() - t0
-    if best is None:
-        return PlanResult("fsdp", None, None, elapsed, "no fully sharded plan fits")
-    return PlanResult("fsdp", best[0], best[1], elapsed)
+                ranks = [(d, b, rc) for d, b in zip(ids, sizes)]
+                cost = fsdp_ranks_step(ranks, m, problem.cost_model(rc, shards=1))
+                found.append((cost.iteration_time_s, len(found), rc, ids, sizes, m))
+    for _, _, rc, ids, sizes, m in sorted(found, key=lambda x: x[:2]):
+        plan = _plan(problem, rc, ids, sizes, m)
+        step = evaluate(problem, plan)
+        if step.fits:
+            return PlanResult("fsdp", plan, step, time.perf_counter() - t0)
+    return PlanResult("fsdp", None, None, time.perf_counter() - t0, "no fully sharded plan fits")
 
 
 def _type_sets(problem: Problem) -> list[list[TypePool]]:
@@ -95,22 +99,62 @@ def _shares(
     keys = [problem.cluster.gpu(d).name.lower() for d in ids]
     if any(caps[k] == 0 for k in keys) or sum(caps[k] for k in keys) < samples:
         return None
-    sizes = [1] * len(ids)
-    pools = problem.pools
-    seen: dict[tuple[str, int], float] = {}  # devices of one type ask the same sizes
+    # a micro-batch's time per type and size (index 0 unused), up to the type's cap
+    times = {
+        k: [0.0, *(_sample_s(cm, problem.pools[k], b) for b in range(1, caps[k] + 1))]
+        for k in set(keys)
+    }
+    strict = all(a < b for t in times.values() for a, b in itertools.pairwise(t[2:]))
+    fill = _fill_by_type if strict else _fill_by_device
+    return fill(keys, caps, times, samples - len(ids))
 
-    def sample_s(key: str, size: int) -> float:
-        if (key, size) not in seen:
-            seen[(key, size)] = _sample_s(cm, pools[key], size)
-        return seen[(key, size)]
 
-    heap = [(sample_s(k, 2), i) for i, k in enumerate(keys) if caps[k] > 1]
+def _fill_by_device(
+    keys: Sequence[str], caps: dict[str, int], times: dict[str, list[float]], left: int
+) -> list[int]:
+    """From one sample each, `left` more one at a time, each to the device whose micro-batch
+    would end first with it (the lowest index on ties), within its type's cap."""
+    sizes = [1] * len(keys)
+    heap = [(times[k][2], i) for i, k in enumerate(keys) if caps[k] > 1]
     heapq.heapify(heap)
-    for _ in range(samples - len(ids)):
+    for _ in range(left):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < caps[keys[i]]:
-            heapq.heappush(heap, (sample_s(keys[i], sizes[i] + 1), i))
+            heapq.heappush(heap, (times[keys[i]][sizes[i] + 1], i))
+    return sizes
+
+
+def _fill_by_type(
+    keys: Sequence[str], caps: dict[str, int], times: dict[str, list[float]], left: int
+) -> list[int]:
+    """`_fill_by_device`'s sizes, a run of devices at a time, for times strictly increasing in
+    the size: then the devices of one type take samples in turn, in index order (the next
+    one, at the lowest size, always has the least time of its type), so a type's devices take
+    one each for as long as they come before every other type's next one. A large cluster
+    hands out tens of thousands of samples over a few types."""
+    sizes = [1] * len(keys)
+    members: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        members.setdefault(k, []).append(i)
+    at = {k: (1, 0) for k in members}  # (size of the type's lowest devices, how many are past it)
+    heap = [(times[k][2], m[0], k) for k, m in members.items() if caps[k] > 1]
+    heapq.heapify(heap)
+    while left:
+        t, _, k = heapq.heappop(heap)
+        m, (size, done) = members[k], at[k]
+        n = len(m) - done
+        if heap and heap[0][0] == t:  # equal times: the lower index first
+            n = bisect.bisect_left(m, heap[0][1], lo=done) - done
+        n = min(n, left)
+        for i in m[done : done + n]:
+            sizes[i] = size + 1
+        left, done = left - n, done + n
+        if done == len(m):
+            size, done = size + 1, 0
+        at[k] = (size, done)
+        if size < caps[k]:
+            heapq.heappush(heap, (times[k][size + 1], m[done], k))
     return sizes
 
 

@@ -168,11 +168,11 @@ def balance_stages(
     limit = tau * (1 + 1e-12)
     total = np.full(num + 1, np.inf)
     total[0] = 0.0
-    choice = []
+    choice, ends = [], np.arange(num + 1)
     for t in times:
         cand = total[:, None] + np.where(t <= limit, t, np.inf)
         arg = cand.argmin(axis=0)
-        total = cand[arg, np.arange(num + 1)]
+        total = cand[arg, ends]
         choice.append(arg)
     cuts = [num]
     for arg in reversed(choice):

@@ -175,14 +175,49 @@ def _chunked(
 ) -> PipelinePlan | None:
     """`pipe`'s devices (in reverse order with `flip`) running `chunks` stages each under
     `spec`, or None if its layers, micro-batch count or memory do not allow it."""
-    devices, m = pipe.devices[::-1] if flip else pipe.devices, pipe.num_micro_batches
-    num_devices = len(devices)
-    num = chunks * num_devices
+    devices = pipe.devices[::-1] if flip else pipe.devices
+    num = chunks * len(devices)
+    placed = [devices[spec.device_index(s, len(devices))] for s in range(num)]
+    # The count and cuts depend on the pipeline's shape only: pipelines of one shape (a
+    # trial moves them together) share them, memoized on the cost model the cuts read.
+    memo = problem.cost_model(plan.train.recompute).pipeline_memo
+    key = ("chunked", _shape(problem, pipe), len(devices), spec.name, chunks, split, flip)
+    if key not in memo:
+        memo[key] = _chunked_cuts(problem, plan, pipe, spec, chunks, split, placed)
+    if memo[key] is None:
+        return None
+    m, bounds = memo[key]
+    stages = tuple(_stage(d, a, b) for d, (a, b) in zip(placed, itertools.pairwise(bounds)))
+    return PipelinePlan(
+        stages=stages, schedule=spec.name, micro_batch_size=pipe.micro_batch_size,
+        num_micro_batches=m,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=1 << 16)
+def _stage(device: int, start: int, end: int) -> StagePlan:
+    """A one-device stage; frozen, so shared by every trial that places it alike (schedules of
+    one placement, the pass's runs on plans with common pipelines): validating each anew was
+    most of a trial's re-split."""
+    return StagePlan(devices=(device,), layers=(start, end))
+
+
+def _chunked_cuts(
+    problem: Problem,
+    plan: Plan,
+    pipe: PipelinePlan,
+    spec: ScheduleSpec,
+    chunks: int,
+    split: Split,
+    placed: list[int],
+) -> tuple[int, tuple[int, ...]] | None:
+    """`_chunked`'s micro-batch count and cuts for `pipe` (its stages on `placed`), or None."""
+    num_devices, m = len(pipe.devices), pipe.num_micro_batches
+    num = len(placed)
     while m > 1 and spec.micro_batch_problem(num, num_devices, m):
         m -= 1  # the nearest count torch takes; `_settle` hands the rest to other pipelines
     if num > problem.layer_list_len or spec.micro_batch_problem(num, num_devices, m):
         return None
-    placed = [devices[spec.device_index(s, num_devices)] for s in range(num)]
     if split == "balanced":
         bounds = _kept_counts_bounds(pipe, spec, chunks) or _proportional_bounds(
             problem, plan, pipe, placed, chunks
@@ -191,14 +226,7 @@ def _chunked(
             return None
     else:
         bounds = equal_bounds(problem.layer_list_len, num)
-    stages = tuple(
-        StagePlan(devices=(d,), layers=(a, b))
-        for d, (a, b) in zip(placed, itertools.pairwise(bounds))
-    )
-    return PipelinePlan(
-        stages=stages, schedule=spec.name, micro_batch_size=pipe.micro_batch_size,
-        num_micro_batches=m,
-    )  # fmt: skip
+    return m, bounds
 
 
 def _kept_counts_bounds(
@@ -284,15 +312,20 @@ def _groups(problem: Problem, plan: Plan) -> list[PipelineGroup] | None:
     for s in stages:
         per_pipeline.setdefault(s.pipeline, []).append(s)
     groups = []
+    lines: dict[tuple, tuple[float, float]] = {}  # pipelines of one kind share their line
     for p, pipe in enumerate(plan.pipelines):
         spec = pipe.schedule_in(plan.train)
         if not spec.bounded_in_flight:
             return None  # memory caps its micro-batches: the search's shares stand
         own = per_pipeline[p]
-        fill, beat = fill_and_beat(
-            [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
-            spec.name, len(pipe.devices), [s.weight_s for s in own],
-        )  # fmt: skip
+        times = tuple((s.fwd_s, s.bwd_s, s.send_s, s.weight_s) for s in own)
+        key = (spec.name, len(pipe.devices), times)
+        if key not in lines:
+            lines[key] = fill_and_beat(
+                [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
+                spec.name, len(pipe.devices), [s.weight_s for s in own],
+            )  # fmt: skip
+        fill, beat = lines[key]
         groups.append(PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.stages)), total))
     return groups
 

@@ -10,9 +10,8 @@ the price of heterogeneous splits the search must see.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-
-import numpy as np
 
 from hetpp.cost.comm import allreduce_time_s, ring_link, ring_pass_time_s
 from hetpp.cost.params import tied_copy_params
@@ -35,15 +34,17 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
         (i, s): d for i, (t, _) in enumerate(layout) for s, d in enumerate(t.done_s)
     }
     cuts = sorted({c for t, _ in layout for c in t.bounds})
-    # per block, the owning stage of each template (one array, read back as Python ints)
-    stage = np.array([np.searchsorted(t.bounds, cuts[:-1], side="right") - 1 for t, _ in layout])
+    # per block, the owning stage of each template (bisection on its cuts: a few dozen blocks,
+    # too few for numpy to pay)
+    stage = [[bisect.bisect_right(t.bounds, c) - 1 for c in cuts[:-1]] for t, _ in layout]
     buckets: dict[tuple[int, ...], list[float]] = {}  # owners -> [params, last block start]
     pools = ctx.problem.pools
     tps = [[pools[k].tp for k in t.stage_keys] for t, _ in layout]
-    for (a, b), owners in zip(itertools.pairwise(cuts), map(tuple, stage.T.tolist())):
+    any_tp = any(x != 1 for row in tps for x in row)
+    for (a, b), owners in zip(itertools.pairwise(cuts), zip(*stage)):
         entry = buckets.setdefault(owners, [0.0, 0])
         # each TP rank syncs its shard: the owner of least degree sets the bucket's size
-        tp = min(x[s] for x, s in zip(tps, owners))
+        tp = min(x[s] for x, s in zip(tps, owners)) if any_tp else 1
         entry[0] += ctx.params.synced(a, b, tp)
         entry[1] = a
     # As `hetpp.specs.plan.grad_buckets`: latest layers first; then the tied bucket. Sharded
