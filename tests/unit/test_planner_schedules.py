@@ -97,8 +97,9 @@ def test_loop_chunks_keep_each_device_s_layer_count():
 
 
 def test_the_pass_bound_is_optimistic(plans):
-    one, prob, got = plans
+    one, prob, _ = plans
     bound = pass_bound_s(one.plan, one.step)
     assert bound < one.iteration_time_s
     assert bound <= choose_schedules(prob, one.plan)[1].iteration_time_s
-    assert bound <= got.iteration_time_s
+    # (the search's own plan may come from another layout, the chunk-aware count DP's: this
+    # layout's bound does not hold for it)
