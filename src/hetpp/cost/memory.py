@@ -204,9 +204,13 @@ def _pending_bytes(costs: LayerCosts, start: int, end: int) -> float:
     """What one micro-batch between its I and its W holds on the stage of layers [start, end)
     besides `_held_bytes`: torch's `stage_backward_input` keeps the gradient flowing into each
     op that reads a weight until `stage_backward_weight` (`LayerSpec`'s
-    `weight_grad_input_bytes_per_sample`). None on a pipeline's first stage, where torch skips
-    the I and its W runs the whole backward."""
-    return 0.0 if start == 0 else costs.weight_grad_inputs(start, end)
+    `weight_grad_input_bytes_per_sample`), less the stage's output gradient: the gradient
+    flowing into its last block's down projection is that tensor (a view), a receive buffer
+    until the W (`recv_buffers`). None on a pipeline's first stage, where torch skips the I and
+    its W runs the whole backward."""
+    if start == 0:
+        return 0.0
+    return costs.weight_grad_inputs(start, end) - _boundary_at(costs, start, end)[1]
 
 
 def stage_memory(
