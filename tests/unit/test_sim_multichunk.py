@@ -7,7 +7,7 @@ import pytest
 from test_sim_plan import EXAMPLES
 
 from hetpp.cost.action_graph import path_ends_s
-from hetpp.cost.memory import stage_memory
+from hetpp.cost.memory import in_flight_counts, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, pipeline_time_s
 from hetpp.cost.step import (
     cost_model_for_plan,
@@ -190,12 +190,15 @@ def test_a_device_is_charged_its_replayed_activation_peak(name):
     res = simulate_plan(plan, cm)
     rank = {d.device: r for r, d in enumerate(res.devices)}
     saved = np.zeros((len(res.devices), max(st.stage for st in stages) + 1))
-    for st in stages:  # one micro-batch's bytes per stage, as `stage_memory` charges one
+    pending = np.zeros_like(saved)
+    for st in stages:  # one micro-batch's bytes per stage, held and between I and W
         pipe = plan.pipelines[st.pipeline]
         costs = stage_layer_costs(cm, pipe.stages[st.stage], pipe.micro_batch_size)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[rank[st.device], st.stage] = one.activations
-    peak = res.trace.activation_peak(saved, np.zeros(len(res.devices)))
+        one = stage_memory(cm.model, cm.train, costs, *st.layers, 0, 0, num_pending=1)
+        pending[rank[st.device], st.stage] = one.activations
+    peak = res.trace.activation_peak(saved, np.zeros(len(res.devices)), pending)
     mem = device_memories(stages)
     for d in res.devices:
         assert mem[d.device][0].activations == pytest.approx(peak[rank[d.device]], rel=1e-12)
@@ -299,3 +302,20 @@ def test_one_round_with_a_busiest_device_is_that_device_busy_throughout(name, m)
     busy = 1.0 + m * 12.0 + (0.0 if name == "interleaved-zb" else 2.0)  # arrive, work, return
     assert busy == pytest.approx(sim, rel=0.02)
     assert pipeline_time_s(f, b, [0.0] * 7, m, name, 4) == pytest.approx(sim, rel=0.02)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_split_backwards_are_charged_what_torch_keeps_from_i_to_w(name):
+    # torch's `stage_backward_input` keeps the weighted ops' output gradients until the W: the
+    # split schedules hold some micro-batches between the two at a device's peak, whole
+    # backwards (interleaved-1f1b) none.
+    plan = _chunked_plan(name)
+    cm = cost_model_for_plan(plan)
+    pipe = plan.pipelines[0]
+    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    counts = in_flight_counts(
+        SCHEDULES[name], pipe.num_micro_batches, 4, costs, [st.layers for st in pipe.stages]
+    )
+    pending = [p for _, p in counts]
+    assert all(p <= k for k, p in counts)
+    assert (sum(pending) > 0) == SCHEDULES[name].splits_backward, pending

@@ -38,6 +38,9 @@ class LayerCosts:
     """Transient bytes while a layer runs backward (its full activations when recomputing)."""
     send_bytes: np.ndarray
     """Bytes of the activation each layer sends to the next (per micro-batch)."""
+    weight_grad_input_bytes: np.ndarray
+    """Bytes a split backward keeps per layer from a micro-batch's I to its W besides the saved
+    activations (`LayerSpec.weight_grad_input_bytes_per_sample`)."""
     source: str
     """'measured' or 'estimated'."""
     tp: int = 1
@@ -45,12 +48,14 @@ class LayerCosts:
     _fwd_cum: np.ndarray = field(init=False, repr=False)
     _bwd_cum: np.ndarray = field(init=False, repr=False)
     _saved_cum: np.ndarray = field(init=False, repr=False)
+    _weight_grad_input_cum: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, arr in (
             ("_fwd_cum", self.fwd_s),
             ("_bwd_cum", self.bwd_s),
             ("_saved_cum", self.saved_bytes),
+            ("_weight_grad_input_cum", self.weight_grad_input_bytes),
         ):
             object.__setattr__(self, name, np.concatenate([[0.0], np.cumsum(arr)]))
 
@@ -62,6 +67,10 @@ class LayerCosts:
 
     def saved(self, start: int, end: int) -> float:
         return float(self._saved_cum[end] - self._saved_cum[start])
+
+    def weight_grad_inputs(self, start: int, end: int) -> float:
+        """`weight_grad_input_bytes` of layers [start, end)."""
+        return float(self._weight_grad_input_cum[end] - self._weight_grad_input_cum[start])
 
     @property
     def fwd_cum(self) -> np.ndarray:
@@ -137,7 +146,7 @@ class CostModel:
         layers = self.model.layers
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
-        fwd, bwd, saved, full = [], [], [], []
+        fwd, bwd, saved, full, kept = [], [], [], [], []
         for layer in layers:
             split = tp if layer.kind == "block" else 1  # `cost.tp`: blocks only
             if table is not None:
@@ -146,16 +155,20 @@ class CostModel:
             else:
                 f, b = estimate_layer(layer, self.model, mbs / split, gpu, self.calibration)
                 act = layer.saved_bytes_per_sample * mbs
+            grads = layer.weight_grad_input_bytes_per_sample * mbs
             if split > 1:
                 comm = tp_allreduce_s(layer.send_bytes_per_sample * mbs, split, tp_link)
                 f, b = f + comm, b + comm
                 act = tp_saved_bytes(act, layer.saved_bytes_whole_under_tp_per_sample * mbs, split)
+                whole = layer.weight_grad_input_whole_under_tp_per_sample * mbs
+                grads = tp_saved_bytes(grads, whole, split)
             # The runtime recomputes transformer blocks only (runtime/recompute.py): the
             # embedding and the head keep their activations and run forward once.
             again = recompute and layer.kind == "block"
             fwd.append(f)
             bwd.append(b + (f if again else 0.0))
             full.append(act if again else 0.0)
+            kept.append(grads)
             saved.append(layer.saved_bytes_recompute_per_sample * mbs if again else act)
         return LayerCosts(
             gpu=gpu,
@@ -165,6 +178,7 @@ class CostModel:
             saved_bytes=np.array(saved, dtype=float),
             peak_extra_bytes=np.array(full, dtype=float),
             send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),
+            weight_grad_input_bytes=np.array(kept, dtype=float),
             source="measured" if measured else "estimated",
             tp=tp,
         )

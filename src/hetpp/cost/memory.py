@@ -34,7 +34,8 @@ class StageMemory(NamedTuple):
     activations: float
     """What the in-flight micro-batches hold until their backward: their layers' saved
     activations and the stage's output (torch's stage keeps it), less each one's input, which is
-    a receive buffer (`recv_buffers`)."""
+    a receive buffer (`recv_buffers`); under a split backward also, from a micro-batch's I to its
+    W, the output gradients of its weighted ops that torch keeps for the W."""
     recv_buffers: float
     """torch's `PipelineStage` receive buffers at the stage's peak (`recv_buffer_counts`): one
     for the input activation of each micro-batch whose buffer is live (not on the first stage)
@@ -139,49 +140,55 @@ def in_flight_counts(
     num_devices: int,
     costs: Sequence[LayerCosts],
     layers: Sequence[tuple[int, int]],
-) -> tuple[int, ...]:
-    """Per stage of a pipeline (stage s holding `layers[s]` at `costs[s]`): the micro-batches
-    whose activations it is charged, `stage_memory`'s `num_in_flight`. One chunk: the stage's
-    own peak (`ScheduleSpec.in_flight`). Several stages per device: what each holds at the
-    moment its device holds the most bytes, replaying the device's order (torch's,
-    `ScheduleSpec.order`) with each stage's bytes per micro-batch, so that summed over a device's
-    stages (`device_memory`) they are the device's peak. Each stage's own peak summed would
-    count stages that peak at different moments as if together (interleaved-zb on 4 devices:
-    12 micro-batches where the device never holds more than 8)."""
+) -> tuple[tuple[int, int], ...]:
+    """Per stage of a pipeline (stage s holding `layers[s]` at `costs[s]`): (micro-batches whose
+    activations it is charged, those of them between their I and their W), `stage_memory`'s
+    `num_in_flight` and `num_pending`. One chunk, whole backwards: the stage's own peak
+    (`ScheduleSpec.in_flight`), none pending. Otherwise (several stages per device, or a split
+    backward): what each holds at the moment its device holds the most bytes, replaying the
+    device's order (torch's, `ScheduleSpec.order`) with each stage's bytes per held and per
+    pending micro-batch, so that summed over a device's stages (`device_memory`) they are the
+    device's peak. Each stage's own peak summed would count stages that peak at different
+    moments as if together (interleaved-zb on 4 devices: 12 micro-batches where the device never
+    holds more than 8)."""
     num = len(layers)
     m = num_micro_batches
-    if schedule.placement == "one":
-        return tuple(schedule.in_flight(s, num, m) for s in range(num))
+    if schedule.placement == "one" and not schedule.splits_backward:
+        return tuple((schedule.in_flight(s, num, m), 0) for s in range(num))
     held = [_held_bytes(c, *span) for c, span in zip(costs, layers)]
-    counts = [0] * num
+    pending = [_pending_bytes(c, *span) for c, span in zip(costs, layers)]
+    counts = [(0, 0)] * num
     for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
-        peak = max(states, key=lambda state: sum(held[s] * k for s, k in state))
-        for s, k in peak:
-            counts[s] = k
+        peak = max(states, key=lambda state: sum(held[s] * k + pending[s] * p for s, k, p in state))
+        for s, k, p in peak:
+            counts[s] = (k, p)
     return tuple(counts)
 
 
 @functools.lru_cache(maxsize=4096)
 def _holding_states(
     name: str, num_devices: int, chunks: int, m: int
-) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
-    """Per device: the (stage, micro-batches held) of its stages after each forward of its
-    order (a forward is the only step that adds), those that another holds at least as many
-    of on every stage left out. A micro-batch is held from its forward to its backward, a split
-    one's W (which needs them), as `ScheduleSpec.in_flight` counts."""
+) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...], ...]:
+    """Per device: the (stage, micro-batches held, of them pending) of its stages after each
+    forward and each I of its order (the only steps that add), those that another holds at least
+    as many of on every stage left out. A micro-batch is held from its forward to its backward, a
+    split one's W (which needs them), as `ScheduleSpec.in_flight` counts; it is pending from its
+    I to its W (torch keeps the weighted ops' output gradients for the W, `_pending_bytes`)."""
     spec = SCHEDULES[name]
     out = []
     for rank in range(num_devices):
-        stages = sorted({s for _, s, _ in spec.order(rank, num_devices, chunks, m)})
-        held = dict.fromkeys(stages, 0)
+        order = spec.order(rank, num_devices, chunks, m)
+        held = {s: [0, 0] for s in sorted({s for _, s, _ in order})}
         seen = set()
-        for kind, stage, _ in spec.order(rank, num_devices, chunks, m):
-            held[stage] += 1 if kind == "F" else -1 if kind in "BW" else 0
-            if kind == "F":
-                seen.add(tuple(held.items()))
+        for kind, stage, _ in order:
+            held[stage][0] += 1 if kind == "F" else -1 if kind in "BW" else 0
+            held[stage][1] += 1 if kind == "I" else -1 if kind == "W" else 0
+            if kind in "FI":
+                seen.add(tuple((s, k, p) for s, (k, p) in held.items()))
         out.append(tuple(
             a for a in seen
-            if not any(b != a and all(kb >= ka for (_, ka), (_, kb) in zip(a, b)) for b in seen)
+            if not any(b != a and all(x >= y for u, v in zip(a, b) for x, y in zip(v, u))
+                       for b in seen)
         ))  # fmt: skip
     return tuple(out)
 
@@ -191,6 +198,19 @@ def _held_bytes(costs: LayerCosts, start: int, end: int) -> float:
     saved activations and its output, less its input (a receive buffer)."""
     inp, out = _boundary_at(costs, start, end)
     return costs.saved(start, end) + out - inp
+
+
+def _pending_bytes(costs: LayerCosts, start: int, end: int) -> float:
+    """What one micro-batch between its I and its W holds on the stage of layers [start, end)
+    besides `_held_bytes`: torch's `stage_backward_input` keeps the gradient flowing into each
+    op that reads a weight until `stage_backward_weight` (`LayerSpec`'s
+    `weight_grad_input_bytes_per_sample`), less the stage's output gradient: the gradient
+    flowing into its last block's down projection is that tensor (a view), a receive buffer
+    until the W (`recv_buffers`). None on a pipeline's first stage, where torch skips the I and
+    its W runs the whole backward."""
+    if start == 0:
+        return 0.0
+    return costs.weight_grad_inputs(start, end) - _boundary_at(costs, start, end)[1]
 
 
 def stage_memory(
@@ -204,14 +224,16 @@ def stage_memory(
     shards: int = 1,
     schedule: ScheduleSpec | None = None,
     place: tuple[int, int, int] | None = None,
+    num_pending: int = 0,
 ) -> StageMemory:
     """Memory of the stage holding layers [start, end) that runs `num_micro_batches` per step
     under `schedule`, `num_in_flight` of them at once (the schedule's `in_flight`), its optimizer
     state sharded `shards` ways (`optimizer_bytes`); `place`, (stage, stages, devices) of its
     pipeline, gives a multi-stage schedule's receive buffers their live count (without it: the
-    bound). The input a stage's first layer saves for backward is its activation receive
-    buffer: `activations` leaves it out, `recv_buffers` counts it (one per live buffer,
-    `recv_buffer_counts`)."""
+    bound); `num_pending` of the in-flight ones are between their I and their W, each holding
+    `_pending_bytes` more (`in_flight_counts`). The input a stage's first layer saves for
+    backward is its activation receive buffer: `activations` leaves it out, `recv_buffers`
+    counts it (one per live buffer, `recv_buffer_counts`)."""
     n = stage_params(model, start, end, costs.tp)
     inp, out = _boundary_at(costs, start, end)
     acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches, *(place or ()))
@@ -219,7 +241,8 @@ def stage_memory(
         weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
         grads=n * train.kept_grad_bytes_per_param,
         optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
-        activations=num_in_flight * _held_bytes(costs, start, end),
+        activations=num_in_flight * _held_bytes(costs, start, end)
+        + num_pending * _pending_bytes(costs, start, end),
         recv_buffers=acts * inp + grads * out,
         transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
         reserve=train.reserve_bytes,

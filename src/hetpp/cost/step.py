@@ -229,9 +229,11 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
     in_flight = in_flight_counts(schedule, m, d_count, costs, [st.layers for st in pipe.stages])
     rows = []
-    for s, (st, k) in enumerate(zip(pipe.stages, in_flight)):
+    for s, (st, (k, pending)) in enumerate(zip(pipe.stages, in_flight)):
         place = (s, num, d_count)
-        mem = stage_memory(cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place)
+        mem = stage_memory(
+            cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place, pending
+        )
         rows.append(
             (
                 costs[s].gpu.name,

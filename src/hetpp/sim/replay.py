@@ -228,11 +228,13 @@ def _activation_peaks(
     plan: Plan, cm: CostModel, stages: list[StageCost], firsts: list[StageCost], trace: Trace
 ) -> np.ndarray:
     """Per rank: peak of what the micro-batches hold in the replay (the cost model's
-    `activations` of one in flight per stage, and the rank's largest `transient` during each
-    backward; a rank running several stages keeps each stage's saved bytes apart)."""
+    `activations` of one in flight per stage, and of one between its I and its W, and the
+    rank's largest `transient` during each backward; a rank running several stages keeps each
+    stage's bytes apart)."""
     rank = {st.device: r for r, st in enumerate(firsts)}
     width = max(st.stage for st in stages) + 1
     saved = np.zeros((len(firsts), width))
+    pending = np.zeros((len(firsts), width))
     transient = np.zeros(len(firsts))
     for st in stages:
         r = rank[st.device]
@@ -240,5 +242,8 @@ def _activation_peaks(
         costs = stage_layer_costs(cm, plan.pipelines[st.pipeline].stages[st.stage], mbs)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[r, st.stage] = one.activations
+        pending[r, st.stage] = stage_memory(
+            cm.model, cm.train, costs, *st.layers, 0, 0, num_pending=1
+        ).activations
         transient[r] = max(transient[r], one.transient)
-    return trace.activation_peak(saved, transient)
+    return trace.activation_peak(saved, transient, pending)

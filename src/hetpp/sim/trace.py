@@ -90,30 +90,37 @@ class Trace:
         np.maximum.at(out, self.rank[sel], self.end[sel])
         return out
 
-    def activation_peak(self, saved: np.ndarray, transient: np.ndarray) -> np.ndarray:
+    def activation_peak(
+        self, saved: np.ndarray, transient: np.ndarray, pending: np.ndarray | None = None
+    ) -> np.ndarray:
         """Peak activation bytes of each rank, replaying its compute intervals in time order.
 
         A micro-batch's saved bytes (`saved[rank]`, or `saved[rank, stage]` when a rank runs
         several stages) are taken when its forward starts and released when its backward ends,
         or, when the backward is split, when its W ends (the weight gradient needs the layer
-        inputs); `transient[rank]` more are held while a B or I runs (the recomputed
-        activations). With `saved = 1, transient = 0` this counts micro-batches in flight."""
+        inputs); `pending` bytes (shaped as `saved`; None: none) from its I's end to its W's end
+        (the weighted ops' output gradients torch keeps for the W); `transient[rank]` more are
+        held while a B or I runs (the recomputed activations). With `saved = 1, transient = 0`
+        this counts micro-batches in flight."""
         sel = np.isin(self.kind, COMPUTE)
         rank, kind, stage = self.rank[sel], self.kind[sel], self.stage[sel]
         start, end = self.start[sel], self.end[sel]
         saved = np.asarray(saved, float)
         s = saved[rank] if saved.ndim == 1 else saved[rank, stage]
         x = np.asarray(transient, float)[rank]
+        p = np.zeros_like(saved) if pending is None else np.asarray(pending, float)
+        g = p[rank] if p.ndim == 1 else p[rank, stage]
         zero = np.zeros(len(rank))
         is_f, is_b, is_i, is_w = (kind == k for k in (Kind.F, Kind.B, Kind.I, Kind.W))
         grad = is_b | is_i  # runs the (recomputed) forward again: holds the transient
-        # Events: F +saved at its start; B/I +transient at start, -transient at end; B and W
-        # -saved at their end.
+        # Events: F +saved at its start; B/I +transient at start, -transient at end; I +pending
+        # at its end; B and W -saved at their end, W -pending.
         ranks = np.concatenate([rank, rank, rank])
         times = np.concatenate([start, start, end])
         delta = np.concatenate(
             [np.where(is_f, s, zero), np.where(grad, x, zero),
-             -np.where(grad, x, zero) - np.where(is_b | is_w, s, zero)]
+             -np.where(grad, x, zero) - np.where(is_b | is_w, s, zero)
+             + np.where(is_i, g, zero) - np.where(is_w, g, zero)]
         )  # fmt: skip
         # Ties release first: a forward starting the instant a backward ends reuses its memory.
         order = np.lexsort((delta, times, ranks))

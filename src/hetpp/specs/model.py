@@ -211,6 +211,16 @@ class LayerSpec(BaseModel):
     """Of `saved_bytes_per_sample`, what every rank of a tensor-parallel group keeps whole
     (without sequence parallelism: the norms' inputs and outputs and their fp32 upcasts, on the
     replicated residual stream); the rest is split over the group (Korthikanti et al. 2022)."""
+    weight_grad_input_bytes_per_sample: int = 0
+    """What a split backward keeps per sequence from its input-grad part I to its weight-grad
+    part W besides the saved activations: torch's `stage_backward_input` stores, per parameter
+    group, the gradient flowing into each op that reads a weight (`param_group["grads"]`), that
+    is each weighted op's output (a block's q, k, v, attention out, MLP projections and norms;
+    the head's padded logits and final norm). The embedding has none: torch skips I on a
+    pipeline's first stage (its W runs the whole backward)."""
+    weight_grad_input_whole_under_tp_per_sample: int = 0
+    """Of `weight_grad_input_bytes_per_sample`, what every tensor-parallel rank keeps whole: the
+    outputs of the row-parallel projections (attention out, MLP down) and of the norms."""
 
 
 class ModelSpec(BaseModel):
@@ -294,6 +304,11 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         # as GPT plus rotated q/k, SwiGLU gate/up/act/prod; and each RMSNorm's float32 copy.
         saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac) + 4 * f
     whole_elems = h * (2 + 2)  # the norms' in/out and their fp32 copies: on every TP rank
+    norms = 4 if c.sandwich_norm else 2
+    # outputs of the weighted ops (`weight_grad_input_bytes_per_sample`): column-parallel q, k,
+    # v and MLP up (and gate); row-parallel out and down, and the norms, whole under TP
+    row_and_norms = h * (2 + norms)
+    weighted_elems = q + 2 * kvd + (2 if c.gated else 1) * f + row_and_norms
     n = block_params(c)
     return dict(
         kind="block",
@@ -305,6 +320,8 @@ def _block(c: ModelConfig, s: int, d: int) -> dict:
         saved_bytes_per_sample=int(s * saved_elems * d) + 2 * _rms_upcast_bytes(c, s),
         saved_bytes_recompute_per_sample=s * h * d,
         saved_bytes_whole_under_tp_per_sample=s * whole_elems * d + 2 * _rms_upcast_bytes(c, s),
+        weight_grad_input_bytes_per_sample=s * weighted_elems * d,
+        weight_grad_input_whole_under_tp_per_sample=s * row_and_norms * d,
     )
 
 
@@ -340,4 +357,5 @@ def _head(c: ModelConfig, s: int, d: int) -> dict:
         send_bytes_per_sample=4,  # the scalar loss
         saved_bytes_per_sample=saved,
         saved_bytes_recompute_per_sample=saved,
+        weight_grad_input_bytes_per_sample=s * (pv + h) * d,  # the padded logits, the norm's out
     )
