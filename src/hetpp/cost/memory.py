@@ -185,11 +185,13 @@ def _holding_states(
             held[stage][1] += 1 if kind == "I" else -1 if kind == "W" else 0
             if kind in "FI":
                 seen.add(tuple((s, k, p) for s, (k, p) in held.items()))
-        out.append(tuple(
-            a for a in seen
-            if not any(b != a and all(x >= y for u, v in zip(a, b) for x, y in zip(v, u))
-                       for b in seen)
-        ))  # fmt: skip
+        states = sorted(seen)
+        counts = np.array([[x for _, k, p in a for x in (k, p)] for a in states])
+        # a state another one holds at least as much of everywhere never is the peak (the
+        # states are distinct, so "at least" on every column is "more" somewhere)
+        covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
+        np.fill_diagonal(covers, False)
+        out.append(tuple(a for a, dominated in zip(states, covers.any(axis=1)) if not dominated))
     return tuple(out)
 
 
