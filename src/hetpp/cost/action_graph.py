@@ -53,27 +53,78 @@ class PathEnds(NamedTuple):
     """Per stage, when its parameter gradients are final (the end of its last B or W)."""
 
 
-def _steps(spec, num_devices: int, chunks: int, m: int) -> list[list[tuple]]:
-    """Per device its steps in order as `(weight index, message received or None, (link,
-    message) sent or None)`; a message is `(boundary, backward, micro-batch)`. A forward sends
-    to the next stage, a backward (or its input-grad part) to the previous one, where that
+class _Steps(NamedTuple):
+    """Every device's steps, device after device, each device's in its order (-1: none)."""
+
+    device: np.ndarray
+    """Per step, its device."""
+    part: np.ndarray
+    """Per step, the index of its seconds (`4 * stage + PARTS[kind]`)."""
+    got: np.ndarray
+    """Per step, the message it receives, or -1. A message, `(2 * boundary + backward) * span +
+    micro-batch`, is one boundary's activation (or gradient) of one micro-batch."""
+    link: np.ndarray
+    """Per step, the link its message goes on (`sender * devices + receiver`), or -1."""
+    sent: np.ndarray
+    """Per step, the message it sends, or -1."""
+    span: int
+    """Micro-batch numbers per boundary and direction in a message (m, or more where an order
+    numbers past m: torch's interleaved order for an m its rounds do not divide)."""
+
+
+def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
+    """The steps of every device in its order with what each receives and sends. A forward
+    sends to the next stage, a backward (or its input-grad part) to the previous one, where that
     stage runs on another device (`rank_actions`' rule)."""
-    num, where = num_devices * chunks, spec.device_index
-    out = []
-    for d in range(num_devices):
-        steps = []
-        for kind, s, mb in spec.order(d, num_devices, chunks, m):
-            got = sent = None
-            if kind != "W":
-                back = kind != "F"
-                frm, to = (s + 1, s - 1) if back else (s - 1, s + 1)
-                if 0 <= frm < num and where(frm, num_devices) != d:
-                    got = (min(frm, s), back, mb)
-                if 0 <= to < num and where(to, num_devices) != d:
-                    sent = ((d, where(to, num_devices)), (min(to, s), back, mb))
-            steps.append((4 * s + PARTS[kind], got, sent))
-        out.append(steps)
-    return out
+    num = num_devices * chunks
+    # the device of stages -1 .. num (the two ends: none, never "another device")
+    dev = np.array([-1] + [spec.device_index(s, num_devices) for s in range(num)] + [-1])
+    rows = [
+        (d, PARTS[k], s, mb)
+        for d in range(num_devices)
+        for k, s, mb in spec.order(d, num_devices, chunks, m)
+    ]
+    d, kind, s, mb = np.array(rows, dtype=int).reshape(-1, 4).T
+    span = max(m, int(mb.max(initial=0)) + 1)
+    back = (kind != PARTS["F"]).astype(int)
+    step = kind != PARTS["W"]
+    frm, to = s + 1 - 2 * (1 - back), s - 1 + 2 * (1 - back)
+    got_dev, to_dev = dev[frm + 1], dev[to + 1]
+    sends = step & (to_dev >= 0) & (to_dev != d)
+    gets = step & (got_dev >= 0) & (got_dev != d)
+    return _Steps(
+        device=d,
+        part=4 * s + kind,
+        got=np.where(gets, (2 * np.minimum(frm, s) + back) * span + mb, -1),
+        link=np.where(sends, d * num_devices + to_dev, -1),
+        sent=np.where(sends, (2 * np.minimum(to, s) + back) * span + mb, -1),
+        span=span,
+    )
+
+
+def _edges(steps: _Steps, num: int) -> tuple[np.ndarray, ...]:
+    """(first, second, took) per node, nodes numbered steps first (1 .., in `steps`' order)
+    then their transfers (in the same order); a step a device runs first follows node 0, a
+    message nobody sends comes from node `len(first) + 1` (never reached: a deadlock)."""
+    n = len(steps.part)
+    carries = np.flatnonzero(steps.sent >= 0)  # the steps that send
+    xfer = n + 1 + np.arange(len(carries))  # their transfers' nodes
+    step_node = np.arange(1, n + 1)
+    prev = np.where(np.r_[True, steps.device[1:] != steps.device[:-1]], 0, step_node - 1)
+    carrier = np.full(2 * num * steps.span, n + len(carries) + 1)
+    carrier[steps.sent[carries]] = xfer
+    arrival = np.where(steps.got >= 0, carrier[steps.got], 0)
+    # the transfer issued before each on its link: one device sends on a link, in its order
+    by_link = np.lexsort((carries, steps.link[carries]))
+    link_sorted = steps.link[carries][by_link]
+    before = np.zeros(len(carries), dtype=int)
+    same = np.flatnonzero(link_sorted[1:] == link_sorted[:-1])
+    before[by_link[same + 1]] = xfer[by_link[same]]
+    hop = 4 * num + 1 + steps.sent[carries] // (2 * steps.span)
+    first = np.concatenate([prev, step_node[carries]])
+    second = np.concatenate([arrival, before])
+    took = np.concatenate([steps.part, hop])
+    return first, second, took, carries, xfer
 
 
 @functools.lru_cache(maxsize=256)
@@ -84,37 +135,40 @@ def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
     the step it carries at once (the one before it on its link came from an earlier step of
     the same device)."""
     num = num_devices * chunks
-    programs = _steps(SCHEDULES[schedule], num_devices, chunks, m)
-    first, second, took = [], [], []
-    carried: dict[tuple, int] = {}  # message -> its transfer's node
-    on_link: dict[tuple, int] = {}  # link -> its latest transfer's node
-    last, pc = [0] * num_devices, [0] * num_devices
-    grads = [0] * num
+    steps = _steps(SCHEDULES[schedule], num_devices, chunks, m)
+    first, second, took, carries, xfer = _edges(steps, num)
+    n = len(steps.part)
+    transfer_of = np.zeros(n + 1, dtype=int)
+    transfer_of[carries + 1] = xfer
+    need, then = np.where(steps.got >= 0, second[:n], 0).tolist(), transfer_of[1:].tolist()
+    starts = np.searchsorted(steps.device, np.arange(num_devices + 1)).tolist()
+    order, done = [], [True] + [False] * len(first) + [False]
+    pc = starts[:-1]
     moved = True
-    while moved:
+    while moved:  # the wavefront: each device's steps until one's message is not sent yet
         moved = False
-        for d, steps in enumerate(programs):
-            i = pc[d]
-            while i < len(steps) and (steps[i][1] is None or steps[i][1] in carried):
-                part, got, sent = steps[i]
-                first.append(last[d])
-                second.append(carried[got] if got else 0)
-                took.append(part)
-                last[d] = len(first)
-                if part % 4 in (PARTS["W"], PARTS["B"]):
-                    grads[part // 4] = last[d]
-                if sent:
-                    link, msg = sent
-                    first.append(last[d])
-                    second.append(on_link.get(link, 0))
-                    took.append(4 * num + 1 + msg[0])
-                    carried[msg] = on_link[link] = len(first)
+        for d in range(num_devices):
+            i, end = pc[d], starts[d + 1]
+            while i < end and done[need[i]]:
+                order.append(i + 1)
+                if then[i]:
+                    order.append(then[i])
+                    done[then[i]] = True
                 i += 1
             moved |= i > pc[d]
             pc[d] = i
-    if pc != [len(p) for p in programs]:
+    if pc != starts[1:]:
         raise ValueError(f"{schedule}: the order deadlocks on {num_devices} devices, m = {m}")
-    return ActionGraph(first, second, np.array(took), np.array(last), np.array(grads))
+    rank = np.zeros(len(first) + 1, dtype=int)  # node -> its place in the topological order
+    rank[order] = np.arange(1, len(order) + 1)
+    order = np.array(order)
+    first, second = rank[first[order - 1]].tolist(), rank[second[order - 1]].tolist()
+    took = took[order - 1]
+    ends = rank[np.array(starts[1:]) * (np.diff(starts) > 0)]
+    is_grad = steps.part % 4 >= PARTS["W"]  # a W or a whole B: the stage's last is its grads'
+    grads = np.zeros(num, dtype=int)  # (a device's steps come later in the order, one by one)
+    np.maximum.at(grads, steps.part[is_grad] // 4, rank[np.flatnonzero(is_grad) + 1])
+    return ActionGraph(first, second, took, ends, grads)
 
 
 def path_ends_s(

@@ -178,15 +178,24 @@ def _holding_states(
     out = []
     for rank in range(num_devices):
         order = spec.order(rank, num_devices, chunks, m)
-        held = {s: [0, 0] for s in sorted({s for _, s, _ in order})}
+        stages = sorted({s for _, s, _ in order})
+        column = {s: 2 * i for i, s in enumerate(stages)}
+        held = [0] * (2 * len(stages))  # per stage, (micro-batches held, of them pending)
         seen = set()
         for kind, stage, _ in order:
-            held[stage][0] += 1 if kind == "F" else -1 if kind in "BW" else 0
-            held[stage][1] += 1 if kind == "I" else -1 if kind == "W" else 0
-            if kind in "FI":
-                seen.add(tuple((s, k, p) for s, (k, p) in held.items()))
-        states = sorted(seen)
-        counts = np.array([[x for _, k, p in a for x in (k, p)] for a in states])
+            j = column[stage]
+            if kind == "F":
+                held[j] += 1
+                seen.add(tuple(held))
+            elif kind == "I":
+                held[j + 1] += 1
+                seen.add(tuple(held))
+            else:  # a B or W frees its micro-batch; a W ends its pending
+                held[j] -= 1
+                held[j + 1] -= kind == "W"
+        rows = sorted(seen)
+        states = [tuple(zip(stages, row[0::2], row[1::2])) for row in rows]
+        counts = np.array(rows, dtype=int).reshape(len(rows), -1)
         # a state another one holds at least as much of everywhere never is the peak (the
         # states are distinct, so "at least" on every column is "more" somewhere)
         covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
