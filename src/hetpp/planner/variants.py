@@ -90,6 +90,11 @@ def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[Templa
     if best is own:
         return own
     row, variant, (fwd, bwd, comm, weight, at) = best
+    if SCHEDULES[variant[1]].placement != "loop":
+        # A V's re-split gives each device about its work in time (`schedules._chunked`), not
+        # its layer count dealt over its chunks: cuts this price cannot know. Its one-chunk
+        # buckets stand in (measured closer on the 3-type bench case than per-chunk guesses).
+        return row, variant
     return _with_chunk_sync(row, variant, fwd, bwd, comm, weight, at, max(share, row.lo)), variant
 
 
@@ -97,9 +102,10 @@ def _with_chunk_sync(
     row: TemplateCost, variant: Variant, fwd, bwd, comm, weight, at: list[int], m: int
 ) -> TemplateCost:
     """`row` with what the sync of its chunks needs (`TemplateCost.chunk_bounds`): each
-    device's layers dealt over its chunks in stage order as `best_variant` prices them (the
-    earlier chunks take the odd ones), and when each stage's gradients are final at `m`
-    micro-batches, from the same graph as the full cost."""
+    device's layers dealt over its chunks in stage order, as the pass re-splits a loop
+    placement (`schedules._kept_counts_bounds`: the earlier chunks take the odd ones), and when
+    each stage's gradients are final at `m` micro-batches, from the same graph as the full
+    cost."""
     t, name, chunks = variant
     counts = [t.bounds[d + 1] - t.bounds[d] for d in range(t.num_stages)]
     seen = [0] * t.num_stages
