@@ -60,6 +60,14 @@ class TemplateCost:
     """Estimated gradient sync that sticks out past the pipeline, plus the optimizer step."""
     opt_s: tuple[float, ...]
     """Optimizer step of each stage (`hetpp.cost.sync.optimizer_step_s`)."""
+    chunk_bounds: tuple[int, ...] = ()
+    """Priced under a multi-chunk schedule (`variants.best_variant`): cut points of its
+    chunks x S stages; empty when the template runs one chunk (its `bounds`)."""
+    chunk_devices: tuple[int, ...] = ()
+    """With `chunk_bounds`: the device (one-chunk stage index) running each chunked stage."""
+    chunk_final_s: tuple[float, ...] = ()
+    """With `chunk_bounds`: when each chunked stage's gradients are final, relative to the
+    pipeline's end (`hetpp.cost.pipeline.pipeline_done_s`, as the full cost reads them)."""
 
     @property
     def num_stages(self) -> int:
@@ -69,6 +77,15 @@ class TemplateCost:
     def done_s(self) -> tuple[float, ...]:
         """When each stage finishes its last backward, relative to the pipeline's end (0)."""
         return tuple(backward_done_s(self.bwd_s, self.comm_s, 0.0))
+
+    @property
+    def sync_stages(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+        """What the gradient sync sees (`planner.tail`): the cut points of the stages that own
+        gradient buckets, each one's device, and when its gradients are final (one chunk: the
+        template's stages, each on its own device, done as `done_s`)."""
+        if self.chunk_bounds:
+            return self.chunk_bounds, self.chunk_devices, self.chunk_final_s
+        return self.bounds, tuple(range(self.num_stages)), self.done_s
 
     @cached_property
     def stage_keys(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 
 from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
-from hetpp.cost.pipeline import fill_and_beat, steady_time_s, weight_grad_s
+from hetpp.cost.pipeline import fill_and_beat, pipeline_done_s, steady_time_s, weight_grad_s
 from hetpp.cost.step import stage_layer_costs
 from hetpp.planner.assemble import PlanResult, build_plan, evaluate, layout_pipes
 from hetpp.planner.problem import Problem
@@ -85,8 +85,42 @@ def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[Templa
             got = steady_time_s(fill, beat, share)
             if got < best_s:
                 best_s = got
-                best = (replace(t, fill_s=fill, beat_s=beat, lo=lo), (t, name, chunks))
-    return best
+                row = replace(t, fill_s=fill, beat_s=beat, lo=lo)
+                best = (row, (t, name, chunks), (fwd, bwd, comm, weight, at))
+    if best is own:
+        return own
+    row, variant, (fwd, bwd, comm, weight, at) = best
+    if SCHEDULES[variant[1]].placement != "loop":
+        # A V's re-split gives each device about its work in time (`schedules._chunked`), not
+        # its layer count dealt over its chunks: cuts this price cannot know. Its one-chunk
+        # buckets stand in (measured closer on the 3-type bench case than per-chunk guesses).
+        return row, variant
+    return _with_chunk_sync(row, variant, fwd, bwd, comm, weight, at, max(share, row.lo)), variant
+
+
+def _with_chunk_sync(
+    row: TemplateCost, variant: Variant, fwd, bwd, comm, weight, at: list[int], m: int
+) -> TemplateCost:
+    """`row` with what the sync of its chunks needs (`TemplateCost.chunk_bounds`): each
+    device's layers dealt over its chunks in stage order, as the pass re-splits a loop
+    placement (`schedules._kept_counts_bounds`: the earlier chunks take the odd ones), and when
+    each stage's gradients are final at `m` micro-batches, from the same graph as the full
+    cost."""
+    t, name, chunks = variant
+    counts = [t.bounds[d + 1] - t.bounds[d] for d in range(t.num_stages)]
+    seen = [0] * t.num_stages
+    cuts = [t.bounds[0]]
+    for d in at:
+        q, r = divmod(counts[d], chunks)
+        cuts.append(cuts[-1] + q + (seen[d] < r))
+        seen[d] += 1
+    total, final = pipeline_done_s(fwd, bwd, comm, m, name, t.num_stages, weight)
+    return replace(
+        row,
+        chunk_bounds=tuple(cuts),
+        chunk_devices=tuple(at),
+        chunk_final_s=tuple(f - total for f in final),
+    )
 
 
 def priced_variants(
