@@ -7,9 +7,11 @@ is right), but its W runs each block's forward again once per parameter group (e
 `torch.autograd.grad` is a graph task of its own, and non-reentrant checkpoint recomputes per
 graph task), and the recomputed tensors live until the W ends: the W's transient exceeds what
 the stage holds without recomputation. So the planner does not try split-backward schedules on
-recomputing plans (`planner/schedules.py`).
+recomputing plans (`Problem.schedules_to_try`), and the runtime runs each W in one
+`GraphExecGroup` (`runtime.stage.TimedStage`), which recomputes each block once per W.
 """
 
+import contextlib
 import gc
 import weakref
 
@@ -17,6 +19,7 @@ import pytest
 import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import GraphExecGroup
 
 from hetpp.runtime.model import StageModule
 from hetpp.runtime.recompute import recompute_blocks
@@ -67,9 +70,10 @@ class _LiveElements(TorchDispatchMode):
         return self.now
 
 
-def _split_backward(name: str, recompute: bool) -> dict[str, int]:
+def _split_backward(name: str, recompute: bool, grouped: bool = False) -> dict:
     """One micro-batch through a stage of two blocks: live elements after F, after I and at W's
-    peak; the forwards each step runs; the elements of the gradients kept for W."""
+    peak; the forwards each step runs; the elements of the gradients kept for W; the weight
+    gradients. `grouped`: W in one `GraphExecGroup`, as `runtime.stage.TimedStage` runs it."""
     torch.manual_seed(0)
     stage = StageModule(PRESETS[name], START, END, seed=0, dtype=torch.float32)
     runs = [0]
@@ -92,7 +96,8 @@ def _split_backward(name: str, recompute: bool) -> dict[str, int]:
     f = meter.reset()
     f_runs = runs[0]
     with meter:
-        _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], stage.parameters())
+        dx, groups = stage_backward_input([out], [torch.ones_like(out)], [x], stage.parameters())
+    del dx  # sent to the previous stage
     x.grad = None
     i = meter.reset()
     i_runs = runs[0] - f_runs
@@ -104,9 +109,10 @@ def _split_backward(name: str, recompute: bool) -> dict[str, int]:
         if g is not None
     }
     num_groups = len(groups)
-    with meter:
+    with meter, GraphExecGroup() if grouped else contextlib.nullcontext():
         stage_backward_weight(stage.parameters(), groups)
     return {
+        "grads": [p.grad for p in stage.parameters()],
         "after_f": f,
         "i_adds": i - f,
         "w_peak": meter.peak - i,
@@ -125,8 +131,7 @@ def test_recomputed_stage_between_i_and_w(name):
     charged = sum(spec.layers[i].weight_grad_input_bytes_per_sample for i in range(START, END))
     # I to W: recomputation adds nothing to what I leaves (the recomputed activations die in
     # I), and what torch keeps for W is the charged count, with recomputation or without
-    assert on["i_adds"] == off["i_adds"]
-    assert on["kept"] == off["kept"] == BATCH * charged // 4
+    assert on["i_adds"] == off["i_adds"] == on["kept"] == off["kept"] == BATCH * charged // 4
     # without recomputation the forward runs once; with it, once more in I and once per
     # parameter group in W (7 per Llama block, 6 per GPT block)
     assert (off["runs"], off["i_runs"], off["w_runs"]) == (2, 0, 0)
@@ -135,3 +140,12 @@ def test_recomputed_stage_between_i_and_w(name):
     # and the W's recomputed tensors outlive their use: its transient exceeds both the W's
     # without recomputation and all the stage holds per micro-batch without recomputation
     assert on["w_peak"] > off["w_peak"] + off["after_f"]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt"])
+def test_one_recomputation_per_weight_grad_step_in_a_group(name):
+    plain, grouped = _split_backward(name, True), _split_backward(name, True, grouped=True)
+    # in one GraphExecGroup, W recomputes each block once, and the gradients are the same
+    assert grouped["w_runs"] == END - START
+    assert all(torch.equal(a, b) for a, b in zip(plain["grads"], grouped["grads"], strict=True))
+    assert grouped["w_peak"] < plain["w_peak"]
