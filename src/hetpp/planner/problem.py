@@ -141,6 +141,17 @@ class Problem:
             return self.schedules
         return tuple(n for n, s in SCHEDULES.items() if s.placement != "one" and s.executable)
 
+    def schedules_to_try(self, recompute: bool) -> tuple[str, ...]:
+        """`chunked_schedules` a plan with this recomputation setting may run: with
+        recomputation, none that splits backward. Under a split backward torch's W re-runs each
+        checkpointed block's forward once per parameter group (6-7 per block) and keeps the
+        recomputed tensors until the W ends, more than the stage holds without recomputation
+        (`tests/unit/test_recompute_split_backward.py`): a bad deal the cost model does not
+        charge."""
+        if not recompute:
+            return self.chunked_schedules
+        return tuple(n for n in self.chunked_schedules if not SCHEDULES[n].splits_backward)
+
     def cost_model(self, recompute: bool, shards: int | None = None) -> CostModel:
         """The cost model for one recomputation setting (built once). The search's (`shards`
         None: `optimizer_shards`) charges 1/shards of the optimizer state per parameter; with

@@ -2,7 +2,8 @@
 
 The search shapes pipelines (devices, splits, batch shares) under the plan's single-chunk
 schedule. This pass then tries, pipeline by pipeline (slowest first), each multi-chunk schedule
-the problem allows (`Problem.chunked_schedules`) at each chunk count it admits
+the problem allows (`Problem.schedules_to_try`: with recomputation, none that splits
+backward) at each chunk count it admits
 (`CHUNK_COUNTS`): the pipeline's layers re-split over its `chunks x D` stages, placed as the
 schedule says (loop: each device keeps its layer count, dealt over its chunks; V: each device
 about its work), each device's memory shared by its chunks; its micro-batch count kept if the
@@ -45,7 +46,8 @@ def choose_schedules(
 ) -> tuple[Plan, StepCost]:
     """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
     best = evaluate(problem, plan)
-    if not problem.chunked_schedules:
+    names = problem.schedules_to_try(plan.train.recompute)
+    if not names:
         return plan, best
     groups: dict[tuple, list[int]] = {}
     for i, pipe in enumerate(plan.pipelines):
@@ -56,7 +58,7 @@ def choose_schedules(
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
         start = plan
-        for name in problem.chunked_schedules:
+        for name in names:
             spec = SCHEDULES[name]
             for chunks, flip in itertools.product(
                 CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
@@ -77,7 +79,7 @@ def choose_schedules(
     # Every shape at once too: moving one shape alone re-cuts it against the others, which can
     # split the blocks of every bucket over a slow link, while all moved together keep theirs.
     if len(groups) > 1:
-        for name in problem.chunked_schedules:
+        for name in names:
             spec = SCHEDULES[name]
             for chunks in CHUNK_COUNTS[spec.placement]:
                 trial = _all_chunked(problem, one_chunk, groups, spec, chunks, split)

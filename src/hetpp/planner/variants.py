@@ -60,7 +60,7 @@ def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[Templa
     best, best_s = own, t.time(max(share, t.lo))
     num_devices = t.num_stages
     wrap = max(t.comm_s, default=0.0)
-    for name in problem.chunked_schedules:
+    for name in problem.schedules_to_try(ctx.recompute):
         spec = SCHEDULES[name]
         for chunks in CHUNK_COUNTS[spec.placement]:
             num = chunks * num_devices
@@ -131,7 +131,7 @@ def priced_variants(
     representative placement (a plan of the one pipeline: milliseconds per template)."""
     out: list[tuple[TemplateCost, str | None, int]] = [(t, None, 1)]
     problem = ctx.problem
-    if not problem.chunked_schedules:
+    if not problem.schedules_to_try(ctx.recompute):
         return out
     pipes = layout_pipes(problem, [(t, 1)])
     total = problem.micro_batches(ctx.mbs)
@@ -140,7 +140,7 @@ def priced_variants(
     plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "hpp", [total])
     if plan is None:
         return out
-    for name in problem.chunked_schedules:
+    for name in problem.schedules_to_try(ctx.recompute):
         spec = SCHEDULES[name]
         for chunks in CHUNK_COUNTS[spec.placement]:
             pipe = _chunked(problem, plan, plan.pipelines[0], spec, chunks, "balanced")
