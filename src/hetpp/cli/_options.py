@@ -64,13 +64,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sharding",
-        choices=("auto", "none", "optimizer"),
+        choices=("auto", "none", "optimizer", "targeted"),
         default=None,
-        help="optimizer sharding over block owners (ZeRO-1): none, optimizer, or auto: try it "
-        "where memory or time says so and keep the faster (in bf16/fp16 a sharded plan keeps "
-        "half-precision parameters and gradients, fp32 masters in the optimizer: "
-        "--master-weights optimizer). Default: none; `hetpp plan` then retries with auto when "
-        "no unsharded plan fits, and says so",
+        help="optimizer sharding over block owners (ZeRO-1): none, optimizer, auto: try it "
+        "where memory or time says so and keep the faster, or targeted: the unsharded plan's "
+        "schedule pass once more sharded, kept where 1%% faster (in bf16/fp16 a sharded plan "
+        "keeps half-precision parameters and gradients, fp32 masters in the optimizer: "
+        "--master-weights optimizer). Default: targeted (none with --tp auto); `hetpp plan` "
+        "retries with auto when no plan fits, and says so",
     )
     p.add_argument(
         "--master-weights",
@@ -145,7 +146,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         train=train,
         micro_batch_sizes=args.micro_batch_sizes,
         recompute_mode=args.recompute,
-        sharding_mode=args.sharding or "none",
+        sharding_mode=args.sharding or ("none" if args.tp == "auto" else "targeted"),
         profiles=load_profiles(args.profile) if args.profile else None,
         schedules=None if args.try_schedules is None else tuple(args.try_schedules),
         tp_search=args.tp == "auto",

@@ -17,7 +17,7 @@ from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 RecomputeMode = Literal["auto", "on", "off"]
-ShardingMode = Literal["auto", "none", "optimizer"]
+ShardingMode = Literal["auto", "none", "optimizer", "targeted"]
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
 

@@ -7,7 +7,10 @@ what an unsharded one cannot. The plans it returns are costed with their own pip
 (`assemble.evaluate`), so one that relied on more owners than it has and does not fit is
 dropped there. `auto` runs the unsharded search, costs its plan both ways (time), and where
 memory may have shaped it (`_memory_short`) searches sharded too; every plan found is costed
-both ways and the fastest that fits is kept.
+both ways and the fastest that fits is kept. `targeted` (the default of `hetpp plan` and the
+planner benchmark) runs the unsharded search once and then only the schedule pass again on its
+plan sharded (`sharded_schedule_pass`): the multi-chunk trials that overfilled devices unsharded
+are what sharding lets fit, at the cost of one pass instead of up to three more searches.
 
 In mixed precision a sharded plan stores its parameters and gradients in the half type and the
 fp32 masters in the optimizer (`TrainSpec.master_weights` "optimizer": 2 + 2 + 12/P B per
@@ -24,12 +27,18 @@ from dataclasses import replace
 
 from hetpp.cost.memory import devices_to_hold, model_state_bytes
 from hetpp.planner.assemble import PlanResult, evaluate, unused_devices
+from hetpp.planner.baselines import SCHEDULE_FREEDOM
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
+from hetpp.planner.schedules import choose_schedules
 
 SHARD_GUESSES = (2, 4)
 """Owners per bucket the sharded searches size memory for, as multiples of the unsharded plan's
 pipeline count (at most one per device)."""
+
+TARGETED_MIN_GAIN = 0.01
+"""The least share of the step `targeted` sharding must save: a sharded bf16 plan also changes
+where the fp32 masters live, not worth it for a rounding-size gain."""
 
 Search = Callable[[Problem, float | None], PlanResult]
 """One strategy run on a problem, with the time it may take (None: no limit)."""
@@ -44,6 +53,10 @@ def search_with_sharding(
     mode = problem.sharding_mode
     if mode == "none":
         return search(problem, time_limit_s)
+    if mode == "targeted":
+        base = search(problem, time_limit_s)
+        best = sharded_schedule_pass(problem, base)
+        return replace(best, search_time_s=time.perf_counter() - t0)
 
     def left() -> float | None:
         return None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - t0))
@@ -66,6 +79,27 @@ def search_with_sharding(
     if best is None:
         return replace(base, search_time_s=elapsed, note=_none_sharded(base.note, sharded, tried))
     return replace(best, search_time_s=elapsed)
+
+
+def sharded_schedule_pass(problem: Problem, result: PlanResult) -> PlanResult:
+    """`result` (the unsharded search's plan), or that plan sharded (ZeRO-1 over its block
+    owners) with the schedule pass run again on it, where that is faster and fits: sharding
+    frees each owner's optimizer state, which lets the multi-chunk trials that overfilled fit
+    (their extra activations, a second layer on a device). The pass starts from the plan's
+    one-chunk pipelines' layout; its cuts, counts and batch shares are the search's, and the
+    strategy's own split and batch freedom (`SCHEDULE_FREEDOM`) apply. Never slower: the
+    unsharded plan is kept unless a sharded one beats it."""
+    if not result.feasible or result.plan.sharding != "none" or len(result.plan.pipelines) < 2:
+        return result
+    sharded = sharded_problem(problem)
+    train = result.plan.train.model_copy(update={"master_weights": sharded.train.master_weights})
+    plan = result.plan.model_copy(update={"sharding": "optimizer", "train": train})
+    plan = drop_unneeded_recompute(sharded, plan)
+    split, rebalance = SCHEDULE_FREEDOM.get(result.strategy, ("balanced", True))
+    plan, step = choose_schedules(sharded, plan, split, rebalance)
+    if step.fits and step.iteration_time_s < (1 - TARGETED_MIN_GAIN) * result.iteration_time_s:
+        return replace(result, plan=plan, step=step)
+    return result
 
 
 def _none_sharded(note: str, sharded: Problem, tried: list[int]) -> str:

@@ -1,0 +1,39 @@
+"""`targeted` sharding: the unsharded plan's schedule pass once more under ZeRO-1, never slower."""
+
+import pytest
+
+from hetpp.cost.step import cost_model_for_plan, step_cost
+from hetpp.planner import plan as run_planner
+from hetpp.planner.sharding import TARGETED_MIN_GAIN, sharded_schedule_pass
+from tests.unit.planner_cases import cluster, problem
+
+CASES = [
+    (("A100-40GB", 2, 2), "gpt3-1.3b", 16),
+    (("V100-16GB", 2, 2), "gpt3-1.3b", 16),
+    (("RTX-4090", 2, 2), "gpt3-2.7b", 8),
+]
+
+
+@pytest.mark.parametrize(("group", "model", "batch"), CASES)
+def test_targeted_is_never_slower_than_none(group, model, batch):
+    cl = cluster(group, ("A100-80GB", 2, 1))
+    none = run_planner(problem(cl, model, batch, sharding_mode="none"))
+    got = run_planner(problem(cl, model, batch, sharding_mode="targeted"))
+    assert got.feasible == none.feasible
+    if not none.feasible:
+        return
+    if got.plan.sharding == "none":
+        assert got.plan == none.plan and got.step == none.step
+    else:  # kept only where it saves the margin, and costed in full as recorded
+        assert got.iteration_time_s < (1 - TARGETED_MIN_GAIN) * none.iteration_time_s
+        assert got.plan.train.half_params
+        full = step_cost(got.plan, cost_model_for_plan(got.plan))
+        assert full.fits and full.iteration_time_s == pytest.approx(got.iteration_time_s)
+
+
+def test_one_pipeline_has_nothing_to_shard():
+    cl = cluster(("A100-80GB", 1, 1))
+    p = problem(cl, "gpt3-1.3b", 8, sharding_mode="none", schedules=())
+    base = run_planner(p)
+    assert len(base.plan.pipelines) == 1
+    assert sharded_schedule_pass(p, base) is base
