@@ -2,11 +2,13 @@
 tree side by side.
 
     .venv/bin/python bench/search_speed.py [--repeat 3] [--against 7e505cc] [--sizes 64 1024]
-        [--strategy best]
+        [--strategy best] [--sharding targeted]
 
 Clusters: `lab-64` and `mega-1024` from the planner suite, and `mega-1024` with every node group
 8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU; the strategy `hetpp plan`
-runs by default (`best`: hpp and the FSDP family, schedule pass included). Each search runs in a
+runs by default (`best`: hpp and the FSDP family, schedule pass included) under the optimizer
+sharding `hetpp plan` runs by default (`targeted`; a tree that lacks the mode asked for runs
+`none`, and the line says which mode each side ran). Each search runs in a
 fresh subprocess and is timed inside it (imports excluded), in wall-clock and in CPU seconds
 (the machine is shared: CPU time is what load inflates least). `--against REF` unpacks `src/` as it
 was at git commit REF (`git archive`) and times the same searches with it, alternating old and
@@ -42,25 +44,31 @@ def clusters() -> dict[int, dict]:
     return {64: lab, 1024: mega, 8192: huge}
 
 
-def _one(cluster: dict, strategy: str) -> None:
-    """Child process: one search, its time and plan cost as JSON on stdout."""
+def _one(cluster: dict, strategy: str, sharding: str) -> None:
+    """Child process: one search, its time, plan cost and sharding mode as JSON on stdout."""
+    from typing import get_args
+
     from hetpp.planner import Problem, plan
+    from hetpp.planner.problem import ShardingMode
     from hetpp.specs import Cluster, TrainSpec, load_model
 
     cl = Cluster.model_validate(cluster)
     spec = load_model(MODEL, SEQ)
     train = TrainSpec(global_batch=SAMPLES_PER_GPU * cl.num_devices, seq_len=SEQ)
     t0, c0 = time.perf_counter(), time.process_time()
-    r = plan(Problem(spec, cl, train), strategy)
+    mode = sharding if sharding in get_args(ShardingMode) else "none"
+    r = plan(Problem(spec, cl, train, sharding_mode=mode), strategy)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"time_s": wall, "cpu_s": cpu, "step_s": r.iteration_time_s}))
+    print(json.dumps({"time_s": wall, "cpu_s": cpu, "step_s": r.iteration_time_s, "mode": mode}))
 
 
-def time_search(cluster: dict, src: Path, strategy: str) -> tuple[float, float, float]:
-    """(search seconds, its CPU seconds, iteration time of the plan) with the package under
-    `src`."""
-    got = child_json("search_speed", f"_one({cluster!r}, {strategy!r})", src)
-    return got["time_s"], got["cpu_s"], got["step_s"]
+def time_search(
+    cluster: dict, src: Path, strategy: str, sharding: str
+) -> tuple[float, float, float, str]:
+    """(search seconds, its CPU seconds, iteration time of the plan, sharding mode run) with
+    the package under `src`."""
+    got = child_json("search_speed", f"_one({cluster!r}, {strategy!r}, {sharding!r})", src)
+    return got["time_s"], got["cpu_s"], got["step_s"], got["mode"]
 
 
 def child_json(module: str, call: str, src: Path) -> dict:
@@ -91,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", help="git commit whose src/ to time side by side")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 1024, 8192])
     ap.add_argument("--strategy", default="best", help="planner strategy (default: best)")
+    ap.add_argument(
+        "--sharding", default="targeted", help="optimizer sharding mode (default: targeted)"
+    )
     args = ap.parse_args(argv)
     variants = {"new": HERE.parent / "src"}
     if args.against:
@@ -101,15 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {k: [] for k in variants}
         cpus: dict[str, list[float]] = {k: [] for k in variants}
         steps: dict[str, float] = {}
+        modes: dict[str, str] = {}
         for _ in range(args.repeat):
             for name, src in variants.items():
-                t, c, steps[name] = time_search(cl, src, args.strategy)
+                t, c, steps[name], modes[name] = time_search(cl, src, args.strategy, args.sharding)
                 times[name].append(t)
                 cpus[name].append(c)
         med = {k: statistics.median(v) for k, v in times.items()}
         cpu = {k: statistics.median(v) for k, v in cpus.items()}
         line = f"{cl['name']:>10} {size:>5} GPUs: " + ", ".join(
-            f"{k} median {med[k]:.2f} s, CPU {cpu[k]:.2f} s "
+            f"{k} ({modes[k]}) median {med[k]:.2f} s, CPU {cpu[k]:.2f} s "
             f"(runs {' '.join(f'{x:.2f}' for x in times[k])})"
             for k in variants
         )
