@@ -52,7 +52,8 @@ def search_best(
     results += [STRATEGIES[name](problem, None) for name in FAMILIES if name != "hpp"]
     feasible = [r for r in results if r.feasible]
     best = min(feasible, key=lambda r: r.iteration_time_s) if feasible else results[0]
-    return replace(best, search_time_s=sum(r.search_time_s for r in results))
+    others = tuple(r for res in results for r in (res, *res.others) if r is not best)
+    return replace(best, search_time_s=sum(r.search_time_s for r in results), others=others)
 
 
 def plan(

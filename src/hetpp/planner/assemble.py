@@ -39,6 +39,10 @@ class PlanResult:
     search_time_s: float = 0.0
     note: str = ""
     """Why the strategy found nothing, or what it could not do."""
+    others: tuple[PlanResult, ...] = ()
+    """Plans the strategy ranked below its own that it promises never to be slower than (hpp:
+    the baselines' plans after their schedule pass): a pass over its result afterwards
+    (`sharding.sharded_schedule_pass`) runs on these too, so the promise holds after it."""
 
     @property
     def feasible(self) -> bool:

@@ -155,7 +155,10 @@ def search_hpp(
     if inc.result is None:
         return PlanResult("hpp", None, None, time.perf_counter() - t0, "no plan fits")
     say(0.99, "schedules per pipeline")
-    passed = after_schedule_pass(problem, inc.results, seeds, list(inc.per_setting.values()))
+    baselines: list[PlanResult] = []
+    passed = after_schedule_pass(
+        problem, inc.results, seeds, list(inc.per_setting.values()), baselines
+    )
     say(0.995, "micro-batch size per pipeline")
     # the pass's plan and the chunk-aware DP's best each get the last pass: it can turn the
     # order of the two around (ranking them before it made the search slower with the
@@ -170,7 +173,8 @@ def search_hpp(
     if stopped:
         notes.insert(0, f"time limit of {time_limit_s:g} s reached: the best plan found so far")
     plan = best.plan.model_copy(update={"strategy": "hpp"})
-    return PlanResult("hpp", plan, best.step, time.perf_counter() - t0, "; ".join(notes))
+    took_s = time.perf_counter() - t0
+    return PlanResult("hpp", plan, best.step, took_s, "; ".join(notes), tuple(baselines))
 
 
 def after_schedule_pass(
@@ -178,6 +182,7 @@ def after_schedule_pass(
     results: list[PlanResult],
     baselines: list[PlanResult],
     others: list[PlanResult] = (),
+    baselines_passed: list[PlanResult] | None = None,
 ) -> PlanResult:
     """The fastest of `results` once the schedule pass (`hetpp.planner.schedules`) has run on
     each, and of the one-chunk `baselines` after the pass each of them gets when it runs alone
@@ -185,7 +190,8 @@ def after_schedule_pass(
     schedules the pass finds for either. `others` (the best plan of each setting) get the pass
     too (at most `OTHER_SETTINGS`), in order of what it could at best make of them
     (`pass_bound_s`), while that can still beat the best so far: a larger micro-batch size,
-    slower with 1F1B, can win once its bubble is gone."""
+    slower with 1F1B, can win once its bubble is gone. `baselines_passed` (if given) receives
+    the baselines' plans after their pass, what each baseline returns alone."""
 
     def passed(r: PlanResult, *freedom) -> PlanResult:
         return replace(
@@ -193,7 +199,10 @@ def after_schedule_pass(
         )
 
     done = [passed(r) for r in results]
-    done += [passed(b, *SCHEDULE_FREEDOM[b.strategy]) for b in baselines if b.feasible]
+    alone = [passed(b, *SCHEDULE_FREEDOM[b.strategy]) for b in baselines if b.feasible]
+    done += alone
+    if baselines_passed is not None:
+        baselines_passed.extend(alone)
     best = min(done, key=lambda r: r.iteration_time_s)
     if problem.chunked_schedules:
         seen = {r.iteration_time_s for r in results}
