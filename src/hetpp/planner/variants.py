@@ -24,6 +24,7 @@ from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.schedules import (
     CHUNK_COUNTS,
     _chunked,
+    _dealt,
     _flips,
     _groups,
     _rebalanced,
@@ -102,22 +103,16 @@ def _with_chunk_sync(
     row: TemplateCost, variant: Variant, fwd, bwd, comm, weight, at: list[int], m: int
 ) -> TemplateCost:
     """`row` with what the sync of its chunks needs (`TemplateCost.chunk_bounds`): each
-    device's layers dealt over its chunks in stage order, as the pass re-splits a loop
-    placement (`schedules._kept_counts_bounds`: the earlier chunks take the odd ones), and when
-    each stage's gradients are final at `m` micro-batches, from the same graph as the full
-    cost."""
+    device's layers dealt over its chunks, as the pass re-splits a loop placement
+    (`schedules._dealt`), and when each stage's gradients are final at `m` micro-batches, from
+    the same graph as the full cost."""
     t, name, chunks = variant
     counts = [t.bounds[d + 1] - t.bounds[d] for d in range(t.num_stages)]
-    seen = [0] * t.num_stages
-    cuts = [t.bounds[0]]
-    for d in at:
-        q, r = divmod(counts[d], chunks)
-        cuts.append(cuts[-1] + q + (seen[d] < r))
-        seen[d] += 1
+    cuts = _dealt(t.bounds[0], counts, chunks)
     total, final = pipeline_done_s(fwd, bwd, comm, m, name, t.num_stages, weight)
     return replace(
         row,
-        chunk_bounds=tuple(cuts),
+        chunk_bounds=cuts,
         chunk_devices=tuple(at),
         chunk_final_s=tuple(f - total for f in final),
     )
