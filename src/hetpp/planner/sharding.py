@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from hetpp.cost.memory import devices_to_hold, model_state_bytes
-from hetpp.cost.step import StepCost
 from hetpp.planner.assemble import PlanResult, evaluate, unused_devices
 from hetpp.planner.baselines import SCHEDULE_FREEDOM
 from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
@@ -34,7 +33,6 @@ from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.schedules import choose_schedules
 from hetpp.planner.shapes import Workspace
-from hetpp.specs.plan import Plan
 
 SHARD_GUESSES = (2, 4)
 """Owners per bucket the sharded searches size memory for, as multiples of the unsharded plan's
@@ -90,26 +88,38 @@ def _targeted(problem: Problem, result: PlanResult) -> PlanResult:
     than (`PlanResult.others`): the fastest, as `result`'s strategy's plan. Without the others,
     a baseline sharded this way could beat hpp's plan sharded (lab-64 llama2-7b: 0.92x)."""
     got = sharded_schedule_pass(problem, result)
-    for other in result.others:  # hpp's plan if it wins: hpp's size pass too
-        alt = sharded_schedule_pass(problem, other, result.strategy)
+    for other in result.others:
+        alt = sharded_schedule_pass(problem, other)
         if alt.iteration_time_s < got.iteration_time_s:
             plan = alt.plan.model_copy(update={"strategy": result.plan.strategy})
             note = f"the {other.strategy} plan, sharded, was the best found"
             got = replace(result, plan=plan, step=alt.step, note=note)
-    return got
+    return _sharded_sizes(problem, got)
 
 
-def sharded_schedule_pass(
-    problem: Problem, result: PlanResult, sizes: str | None = None
-) -> PlanResult:
+def _sharded_sizes(problem: Problem, result: PlanResult) -> PlanResult:
+    """hpp's last pass, a micro-batch size per pipeline (`mixed_mbs.mix_micro_batch_sizes`),
+    again on the sharded plan `_targeted` keeps: the memory sharding frees can hold larger
+    micro-batches, where the unsharded pass judged sizes by the unsharded plan's memory. The
+    baselines keep one size per plan (their plan space). Once, on the plan kept (on every
+    candidate it doubled the search on mega-1024), so a sharded plan that misses
+    `TARGETED_MIN_GAIN` without it is not tried. Never slower: the pass keeps the plan unless
+    a trial that fits beats it."""
+    if result.strategy != "hpp" or not result.feasible or result.plan.sharding != "optimizer":
+        return result
+    sharded = sharded_problem(problem)
+    plan, step = mix_micro_batch_sizes(sharded, Workspace(sharded), result.plan, result.step)
+    return result if step is result.step else replace(result, plan=plan, step=step)
+
+
+def sharded_schedule_pass(problem: Problem, result: PlanResult) -> PlanResult:
     """`result` (the unsharded search's plan), or that plan sharded (ZeRO-1 over its block
     owners) with the schedule pass run again on it, where that is faster and fits: sharding
     frees each owner's optimizer state, which lets the multi-chunk trials that overfilled fit
     (their extra activations, a second layer on a device). The pass starts from the plan's
     one-chunk pipelines' layout; its cuts, counts and batch shares are the search's, and the
-    strategy's own split and batch freedom (`SCHEDULE_FREEDOM`) apply, and for hpp (`sizes`,
-    default `result`'s strategy) its micro-batch size per pipeline (`_sharded_sizes`). Never
-    slower: the unsharded plan is kept unless a sharded one beats it."""
+    strategy's own split and batch freedom (`SCHEDULE_FREEDOM`) apply. Never slower: the
+    unsharded plan is kept unless a sharded one beats it."""
     if not result.feasible or result.plan.sharding != "none" or len(result.plan.pipelines) < 2:
         return result
     sharded = sharded_problem(problem)
@@ -118,23 +128,9 @@ def sharded_schedule_pass(
     plan = drop_unneeded_recompute(sharded, plan)
     split, rebalance = SCHEDULE_FREEDOM.get(result.strategy, ("balanced", True))
     plan, step = choose_schedules(sharded, plan, split, rebalance)
-    plan, step = _sharded_sizes(sharded, result.strategy if sizes is None else sizes, plan, step)
     if step.fits and step.iteration_time_s < (1 - TARGETED_MIN_GAIN) * result.iteration_time_s:
         return replace(result, plan=plan, step=step)
     return result
-
-
-def _sharded_sizes(
-    sharded: Problem, strategy: str, plan: Plan, step: StepCost
-) -> tuple[Plan, StepCost]:
-    """hpp's last pass, a micro-batch size per pipeline (`mixed_mbs.mix_micro_batch_sizes`),
-    on its plan sharded: the memory sharding frees can take larger micro-batches, and the
-    unsharded pass judged sizes by the unsharded plan's memory and sync. The baselines keep one
-    size per plan (their plan space). Never slower: the pass keeps `plan` unless a trial that
-    fits beats it."""
-    if strategy != "hpp":
-        return plan, step
-    return mix_micro_batch_sizes(sharded, Workspace(sharded), plan, step)
 
 
 def _none_sharded(note: str, sharded: Problem, tried: list[int]) -> str:
