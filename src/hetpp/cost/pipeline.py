@@ -386,6 +386,25 @@ def stage_times(
     return fwd, bwd, comm
 
 
+def placed_stage_times(
+    costs: Sequence[LayerCosts],
+    bounds: Sequence[int],
+    links: Sequence[Link],
+    devices: Sequence[int],
+    splits_backward: bool,
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(forward, backward, one-way transfer, W part) per micro-batch of the stages `stage_times`
+    takes, stage s on `devices[s]`: two consecutive stages on one device (a V's turn) hand over
+    in memory, and each backward splits as `backward_parts_s` says."""
+    fwd, whole, comm = stage_times(costs, bounds, links)
+    comm = [0.0 if a == b else c for a, b, c in zip(devices, devices[1:], comm)]
+    parts = [
+        backward_parts_s(b, c.recomputed_fwd(x, y), splits_backward, s == 0)
+        for s, (b, c, (x, y)) in enumerate(zip(whole, costs, itertools.pairwise(bounds)))
+    ]
+    return fwd, [b for b, _ in parts], comm, [w for _, w in parts]
+
+
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:
     """When each stage finishes its last backward: stage 0 at the end, stage s earlier by the
     backward and transfer times of the stages in front of it."""

@@ -18,7 +18,7 @@ from hetpp.cost.params import (
     stepped_params,
     tied_copy_params,
 )
-from hetpp.cost.pipeline import backward_parts_s, pipeline_done_s, stage_times
+from hetpp.cost.pipeline import pipeline_done_s, placed_stage_times
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -216,16 +216,10 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
     links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
-    fwd, whole, comm = stage_times(costs, bounds, links)
-    # two stages on one device (a V's turn) hand over in memory
-    comm = [0.0 if a.device == b.device else c
-            for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
     schedule = pipe.schedule_in(train)
-    bwd, weight = zip(
-        *(
-            backward_parts_s(b, c.recomputed_fwd(*st.layers), schedule.splits_backward, s == 0)
-            for s, (b, c, st) in enumerate(zip(whole, costs, pipe.stages))
-        )
+    devices = [st.device for st in pipe.stages]
+    fwd, bwd, comm, weight = placed_stage_times(
+        costs, bounds, links, devices, schedule.splits_backward
     )
     num, d_count = len(pipe.stages), len(pipe.devices)
     m = pipe.num_micro_batches
