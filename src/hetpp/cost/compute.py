@@ -32,6 +32,9 @@ class LayerCosts:
     """Forward seconds per layer."""
     bwd_s: np.ndarray
     """Backward seconds per layer, including the recomputed forward of a block when recomputing."""
+    recompute_fwd_s: np.ndarray
+    """The part of `bwd_s` that is a recomputed forward (a block's forward when recomputing,
+    else 0): a split backward runs it again (`cost.pipeline.backward_parts_s`)."""
     saved_bytes: np.ndarray
     """Bytes one in-flight micro-batch keeps per layer until its backward."""
     peak_extra_bytes: np.ndarray
@@ -47,6 +50,7 @@ class LayerCosts:
     """Tensor-parallel degree: the costs are those of one rank of a group of `tp` devices."""
     _fwd_cum: np.ndarray = field(init=False, repr=False)
     _bwd_cum: np.ndarray = field(init=False, repr=False)
+    _recompute_cum: np.ndarray = field(init=False, repr=False)
     _saved_cum: np.ndarray = field(init=False, repr=False)
     _weight_grad_input_cum: np.ndarray = field(init=False, repr=False)
 
@@ -54,6 +58,7 @@ class LayerCosts:
         for name, arr in (
             ("_fwd_cum", self.fwd_s),
             ("_bwd_cum", self.bwd_s),
+            ("_recompute_cum", self.recompute_fwd_s),
             ("_saved_cum", self.saved_bytes),
             ("_weight_grad_input_cum", self.weight_grad_input_bytes),
         ):
@@ -64,6 +69,10 @@ class LayerCosts:
 
     def bwd(self, start: int, end: int) -> float:
         return float(self._bwd_cum[end] - self._bwd_cum[start])
+
+    def recomputed_fwd(self, start: int, end: int) -> float:
+        """`recompute_fwd_s` of layers [start, end)."""
+        return float(self._recompute_cum[end] - self._recompute_cum[start])
 
     def saved(self, start: int, end: int) -> float:
         return float(self._saved_cum[end] - self._saved_cum[start])
@@ -146,7 +155,7 @@ class CostModel:
         layers = self.model.layers
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
-        fwd, bwd, saved, full, kept = [], [], [], [], []
+        fwd, bwd, again_s, saved, full, kept = [], [], [], [], [], []
         for layer in layers:
             split = tp if layer.kind == "block" else 1  # `cost.tp`: blocks only
             if table is not None:
@@ -166,7 +175,8 @@ class CostModel:
             # embedding and the head keep their activations and run forward once.
             again = recompute and layer.kind == "block"
             fwd.append(f)
-            bwd.append(b + (f if again else 0.0))
+            again_s.append(f if again else 0.0)
+            bwd.append(b + again_s[-1])
             full.append(act if again else 0.0)
             kept.append(grads)
             saved.append(layer.saved_bytes_recompute_per_sample * mbs if again else act)
@@ -175,6 +185,7 @@ class CostModel:
             mbs=mbs,
             fwd_s=np.array(fwd),
             bwd_s=np.array(bwd),
+            recompute_fwd_s=np.array(again_s),
             saved_bytes=np.array(saved, dtype=float),
             peak_extra_bytes=np.array(full, dtype=float),
             send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),

@@ -41,8 +41,9 @@ class StageMemory(NamedTuple):
     for the input activation of each micro-batch whose buffer is live (not on the first stage)
     and one for each live output gradient (not on the last)."""
     transient: float
-    """What lasts one backward: a recomputed layer's full activations, and the input gradients
-    sent back (the one in transit and the next one, not on the first stage)."""
+    """What lasts one backward: a recomputed layer's full activations (under a split backward's
+    W, every recomputed layer's, `_transient_bytes`), and the input gradients sent back (the one
+    in transit and the next one, not on the first stage)."""
     reserve: float
 
     @property
@@ -255,9 +256,26 @@ def stage_memory(
         activations=num_in_flight * _held_bytes(costs, start, end)
         + num_pending * _pending_bytes(costs, start, end),
         recv_buffers=acts * inp + grads * out,
-        transient=float(costs.peak_extra_bytes[start:end].max(initial=0.0)) + 2 * inp,
+        transient=_transient_bytes(costs, start, end, schedule) + 2 * inp,
         reserve=train.reserve_bytes,
     )
+
+
+def _transient_bytes(
+    costs: LayerCosts, start: int, end: int, schedule: ScheduleSpec | None
+) -> float:
+    """What a backward of the stage of layers [start, end) re-grows of its recomputed layers'
+    activations: one layer's at a time in a whole backward or an I, but a split backward's W,
+    run in one `GraphExecGroup`, recomputes every block and keeps what it recomputed to its end
+    (measured: tests/unit/test_recompute_split_backward.py), so there every recomputed layer's
+    activations beyond the input its checkpoint kept. Not on a pipeline's first stage, whose W
+    is one whole backward (`cost.pipeline.RECOMPUTES_IN_WEIGHT_GRAD`)."""
+    extra = costs.peak_extra_bytes[start:end]
+    one = float(extra.max(initial=0.0))
+    if schedule is None or not schedule.splits_backward or start == 0:
+        return one
+    kept = costs.saved_bytes[start:end]
+    return max(one, float((extra - np.where(extra > 0, kept, 0.0)).sum()))
 
 
 class MemoryParts(NamedTuple):

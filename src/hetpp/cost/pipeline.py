@@ -347,6 +347,32 @@ def weight_grad_s(bwd_s: float, recompute_fwd_s: float = 0.0) -> float:
     return WEIGHT_GRAD_SHARE * (bwd_s - recompute_fwd_s)
 
 
+RECOMPUTES_IN_WEIGHT_GRAD = 1
+"""Forwards a recomputed block runs again in a split backward's W, besides the one in its I:
+torch's `stage_backward_weight` is one `autograd.grad` per parameter group, and non-reentrant
+checkpointing recomputes per call; the runtime runs each W in one `GraphExecGroup`
+(`runtime.stage.TimedStage`), which makes it one per W (counted in
+tests/unit/test_recompute_split_backward.py). Not on a pipeline's first stage: torch skips its
+I there, and its W is one whole backward, recomputing once."""
+
+
+def backward_parts_s(
+    bwd_s: float, recompute_fwd_s: float, splits_backward: bool, first_stage: bool
+) -> tuple[float, float]:
+    """(backward, its W part) seconds per micro-batch of a stage whose whole backward takes
+    `bwd_s` (`LayerCosts.bwd`), `recompute_fwd_s` of it a recomputed forward
+    (`LayerCosts.recomputed_fwd`). Under a split backward (`ScheduleSpec.splits_backward`) the
+    I recomputes first, and on every stage but a pipeline's first the W recomputes again
+    (`RECOMPUTES_IN_WEIGHT_GRAD`), so the backward (I + W) is longer by that much; the I is
+    the rest (`backward - W`). Every consumer (closed form, action graph, simulator) reads
+    these two."""
+    weight = weight_grad_s(bwd_s, recompute_fwd_s)
+    if not splits_backward or first_stage:
+        return bwd_s, weight
+    again = RECOMPUTES_IN_WEIGHT_GRAD * recompute_fwd_s
+    return bwd_s + again, weight + again
+
+
 def stage_times(
     costs: Sequence[LayerCosts], bounds: Sequence[int], links: Sequence[Link]
 ) -> tuple[list[float], list[float], list[float]]:
@@ -358,6 +384,25 @@ def stage_times(
     bwd = [c.bwd(a, b) for c, (a, b) in zip(costs, spans)]
     comm = [p2p_time_s(c.send_bytes[b - 1], link) for c, (_, b), link in zip(costs, spans, links)]
     return fwd, bwd, comm
+
+
+def placed_stage_times(
+    costs: Sequence[LayerCosts],
+    bounds: Sequence[int],
+    links: Sequence[Link],
+    devices: Sequence[int],
+    splits_backward: bool,
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(forward, backward, one-way transfer, W part) per micro-batch of the stages `stage_times`
+    takes, stage s on `devices[s]`: two consecutive stages on one device (a V's turn) hand over
+    in memory, and each backward splits as `backward_parts_s` says."""
+    fwd, whole, comm = stage_times(costs, bounds, links)
+    comm = [0.0 if a == b else c for a, b, c in zip(devices, devices[1:], comm)]
+    parts = [
+        backward_parts_s(b, c.recomputed_fwd(x, y), splits_backward, s == 0)
+        for s, (b, c, (x, y)) in enumerate(zip(whole, costs, itertools.pairwise(bounds)))
+    ]
+    return fwd, [b for b, _ in parts], comm, [w for _, w in parts]
 
 
 def backward_done_s(bwd_s: Sequence[float], comm_s: Sequence[float], total_s: float) -> list[float]:

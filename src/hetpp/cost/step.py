@@ -18,7 +18,7 @@ from hetpp.cost.params import (
     stepped_params,
     tied_copy_params,
 )
-from hetpp.cost.pipeline import pipeline_done_s, stage_times, weight_grad_s
+from hetpp.cost.pipeline import pipeline_done_s, placed_stage_times
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -35,10 +35,11 @@ class StageCost:
     fwd_s: float
     """Forward seconds per micro-batch."""
     bwd_s: float
-    """Backward seconds per micro-batch (with recomputation when on)."""
+    """Backward seconds per micro-batch (with recomputation when on: under a split backward
+    I and W together, each recomputing, `hetpp.cost.pipeline.backward_parts_s`)."""
     weight_s: float
     """Of `bwd_s`, the weight-grad part (W) a split-backward schedule runs apart
-    (`hetpp.cost.pipeline.weight_grad_s`)."""
+    (`hetpp.cost.pipeline.backward_parts_s`)."""
     send_s: float
     """One-way activation transfer to the next stage, per micro-batch (0 for the last)."""
     memory: StageMemory
@@ -215,15 +216,11 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
     links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
-    fwd, bwd, comm = stage_times(costs, bounds, links)
-    # two stages on one device (a V's turn) hand over in memory
-    comm = [0.0 if a.device == b.device else c
-            for a, b, c in zip(pipe.stages, pipe.stages[1:], comm)]  # fmt: skip
-    weight = [
-        weight_grad_s(b, f if st.recomputes(train) else 0.0)
-        for f, b, st in zip(fwd, bwd, pipe.stages)
-    ]
     schedule = pipe.schedule_in(train)
+    devices = [st.device for st in pipe.stages]
+    fwd, bwd, comm, weight = placed_stage_times(
+        costs, bounds, links, devices, schedule.splits_backward
+    )
     num, d_count = len(pipe.stages), len(pipe.devices)
     m = pipe.num_micro_batches
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)

@@ -119,11 +119,11 @@ def shares(problem: Problem, plan: Plan) -> Plan | None:
     if lines is None:
         return None
     pipes = plan.pipelines
+    shapes = [_run_shape(plan, pipe) for pipe in pipes]  # asked once per micro-batch handed out
 
     def next_count(i: int, m: int) -> int | None:
-        shape = _run_shape(plan, pipes[i])
-        for n in range(m + 1, m + 1 + len(pipes[i].stages) + 1):
-            if _runs(*shape, n):
+        for n in range(m + 1, m + 1 + shapes[i][1] + 1):
+            if _runs(*shapes[i], n):
                 return n
         return None
 

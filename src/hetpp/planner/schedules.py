@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Hashable, Mapping, Sequence
 from functools import lru_cache
 from typing import Literal
+
+import numpy as np
 
 from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, stage_costs
@@ -262,18 +265,31 @@ def _proportional_bounds(
     problem: Problem, plan: Plan, pipe: PipelinePlan, placed: list[int], chunks: int
 ) -> tuple[int, ...] | None:
     """Cuts giving each device about its work in `pipe` (the search's stage balance) over its
-    chunks: walking the stages in order, a stage takes layers on its own device while that
-    brings its time nearer the device's work still to place over its chunks still to come,
-    leaving a layer for each later stage (None when the layers run out first). Aiming at what
-    is left, not a fixed `1 / chunks` share, lets a later chunk make up for an earlier one's
-    rounding."""
+    chunks (`proportional_cuts`)."""
     cm = problem.cost_model(plan.train.recompute)
     mbs = pipe.micro_batch_size
     cum = {d: _cum_time(cm, problem.cluster.gpu(d), mbs) for d in pipe.devices}
-    left = {st.device: cum[st.device][st.layers[1]] - cum[st.device][st.layers[0]]
+    work = {st.device: cum[st.device][st.layers[1]] - cum[st.device][st.layers[0]]
             for st in pipe.stages}  # fmt: skip
-    to_come = {d: chunks for d in pipe.devices}
-    num, end = len(placed), problem.layer_list_len
+    return proportional_cuts(cum, work, placed, chunks, problem.layer_list_len)
+
+
+def proportional_cuts(
+    cum: Mapping[Hashable, np.ndarray],
+    work: Mapping[Hashable, float],
+    placed: Sequence[Hashable],
+    chunks: int,
+    end: int,
+) -> tuple[int, ...] | None:
+    """Cuts of layers [0, end) over the stages on devices `placed` (each device `chunks`
+    times), device d's cumulative forward + backward seconds over the layers `cum[d]`, its work
+    to place `work[d]`: walking the stages in order, a stage takes layers on its own device
+    while that brings its time nearer the device's work still to place over its chunks still to
+    come, leaving a layer for each later stage (None when the layers run out first). Aiming at
+    what is left, not a fixed `1 / chunks` share, lets a later chunk make up for an earlier
+    one's rounding. The V placement's re-split; `variants` prices a V's sync on these cuts."""
+    left, to_come = dict(work), dict.fromkeys(work, chunks)
+    num = len(placed)
     cuts = [0]
     for s, d in enumerate(placed[:-1]):
         share = left[d] / to_come[d]
