@@ -10,7 +10,6 @@ at its 1F1B done time) does not.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import pytest
@@ -18,10 +17,9 @@ from planner_cases import cluster, problem, small_model
 
 from hetpp.cost.step import device_optimizer_time_s, step_cost
 from hetpp.planner.assemble import build_plan, layout_pipes
-from hetpp.planner.schedules import _chunked, _dealt, _with_pipeline
+from hetpp.planner.schedules import _chunked, _with_pipeline
 from hetpp.planner.shapes import ShapeContext
 from hetpp.planner.tail import layout_tail
-from hetpp.planner.variants import _with_v_chunk_sync
 from hetpp.specs.schedule import SCHEDULES
 
 
@@ -56,32 +54,6 @@ def test_two_chunk_tail_matches_the_full_cost_per_chunk():
     tail = step.iteration_time_s - end
     # a device's later chunk is final before its earlier one: buckets per chunk overlap more
     assert len(step.buckets) == 4
-    assert layout_tail(ctx, [(row, 2)]) == pytest.approx(tail, rel=1e-9, abs=1e-12)
-    one_chunk = replace(row, chunk_bounds=(), chunk_devices=(), chunk_final_s=())
-    assert layout_tail(ctx, [(one_chunk, 2)]) != pytest.approx(tail, rel=1e-3)
-
-
-@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
-def test_v_chunk_sync_on_the_pass_cuts_matches_the_full_cost(name):
-    # the same two pipelines moved to a V at 2 chunks: the re-split gives each device about
-    # its work (`proportional_cuts`), and the variant's chunk sync, priced on those cuts,
-    # matches the full cost's tail
-    p = problem(cluster(("A100-80GB", 4, 1)), small_model(8, 512), 32)
-    ctx = ShapeContext(p, False, 1)
-    t = next(t for t in ctx.orders((2,), exhaustive=True) if t.num_stages == 2)
-    plan = build_plan(p, ctx.recompute, ctx.mbs, layout_pipes(p, [(t, 2)]), "test")
-    spec = SCHEDULES[name]
-    for i, pipe in enumerate(plan.pipelines):
-        plan = _with_pipeline(plan, i, _chunked(p, plan, pipe, spec, 2, "balanced"))
-    step = step_cost(plan, ctx.cm)
-    end = max(step.pipeline_time_s)
-    assert len(set(step.pipeline_time_s)) == 1
-    m = plan.pipelines[0].num_micro_batches
-    row = _with_v_chunk_sync(ctx, t, (t, name, 2), m)
-    own = [s for s in step.stages if s.pipeline == 0]
-    assert row.chunk_bounds == (0, *(s.layers[1] for s in own))
-    assert row.chunk_bounds != _dealt(0, [b - a for a, b in itertools.pairwise(t.bounds)], 2)
-    tail = step.iteration_time_s - end
     assert layout_tail(ctx, [(row, 2)]) == pytest.approx(tail, rel=1e-9, abs=1e-12)
     one_chunk = replace(row, chunk_bounds=(), chunk_devices=(), chunk_final_s=())
     assert layout_tail(ctx, [(one_chunk, 2)]) != pytest.approx(tail, rel=1e-3)

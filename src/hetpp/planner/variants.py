@@ -16,15 +16,8 @@ import math
 from dataclasses import replace
 
 from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
-from hetpp.cost.pipeline import (
-    fill_and_beat,
-    pipeline_done_s,
-    placed_stage_times,
-    steady_time_s,
-    weight_grad_s,
-)
+from hetpp.cost.pipeline import fill_and_beat, pipeline_done_s, steady_time_s, weight_grad_s
 from hetpp.cost.step import stage_layer_costs
-from hetpp.cost.sync import optimizer_step_s, state_bytes
 from hetpp.planner.assemble import PlanResult, build_plan, evaluate, layout_pipes
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
@@ -38,7 +31,6 @@ from hetpp.planner.schedules import (
     _settle,
     _with_pipeline,
     choose_schedules,
-    proportional_cuts,
 )
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext, TemplateCost
 from hetpp.specs.plan import Plan
@@ -99,10 +91,13 @@ def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[Templa
     if best is own:
         return own
     row, variant, (fwd, bwd, comm, weight, at) = best
-    m = max(share, row.lo)
     if SCHEDULES[variant[1]].placement != "loop":
-        return _with_v_chunk_sync(ctx, row, variant, m), variant
-    return _with_chunk_sync(row, variant, fwd, bwd, comm, weight, at, m), variant
+        # A V's re-split gives each device about its work in time (`schedules._chunked`), not
+        # its layer count dealt over its chunks. Pricing its sync per chunk on the pass's own
+        # cuts was exact on a 2-chunk V but cost 1.21x search CPU and changed no benchmark plan
+        # (docs/benchmarks-planner.md, branch loose), so its one-chunk buckets stand in.
+        return row, variant
+    return _with_chunk_sync(row, variant, fwd, bwd, comm, weight, at, max(share, row.lo)), variant
 
 
 def _with_chunk_sync(
@@ -122,59 +117,6 @@ def _with_chunk_sync(
         chunk_devices=tuple(at),
         chunk_final_s=tuple(f - total for f in final),
     )
-
-
-def _with_v_chunk_sync(ctx: ShapeContext, row: TemplateCost, variant: Variant, m: int):
-    """`row` with what the sync of its chunks needs under a V placement: the cuts the pass's
-    re-split makes (`schedules.proportional_cuts`, each device about its work), each chunk's
-    times at those cuts and when its gradients are final at `m` micro-batches, from the same
-    graph as the full cost, and each device's optimizer step over its chunks' layers. Where
-    the pass also tries the devices reversed (`schedules._flips`: first and last of different
-    types), the order whose closed-form line at `m` is shorter (the build keeps the faster; one
-    graph walk, not two: the walks were most of this). `row` unchanged where the re-split
-    fails."""
-    t, name, chunks = variant
-    flips = (False, True) if t.stage_keys[0] != t.stage_keys[-1] else (False,)
-    found = [x for x in (_v_chunks(ctx, t, name, chunks, m, f) for f in flips) if x is not None]
-    if not found:
-        return row
-    _, cuts, at, times = min(found, key=lambda x: x[0])
-    total, final = pipeline_done_s(*times[:3], m, name, t.num_stages, times[3])
-    stored = [0.0] * t.num_stages
-    for d, (a, b) in zip(at, itertools.pairwise(cuts)):
-        stored[d] += ctx.params.stored(a, b)
-    pools, train = ctx.problem.pools, ctx.cm.train
-    opt = [
-        optimizer_step_s(state_bytes(n, train), pools[k].gpu.mem_bw_bytes_per_s)
-        for n, k in zip(stored, t.stage_keys)
-    ]
-    return replace(
-        row,
-        opt_s=tuple(opt),
-        chunk_bounds=cuts,
-        chunk_devices=at,
-        chunk_final_s=tuple(f - total for f in final),
-    )
-
-
-def _v_chunks(ctx: ShapeContext, t: TemplateCost, name: str, chunks: int, m: int, flip: bool):
-    """(closed-form pipeline seconds at `m`, cuts, device of each chunked stage, their
-    `placed_stage_times`) of `t` re-split on a V (`flip`: its devices reversed), or None where
-    the re-split fails."""
-    spec, num_devices = SCHEDULES[name], t.num_stages
-    at = [spec.device_index(s, num_devices) for s in range(chunks * num_devices)]
-    at = tuple(num_devices - 1 - d for d in at) if flip else tuple(at)
-    costs = [ctx.tables(k).costs for k in t.stage_keys]
-    cum = {d: c.fwd_cum + c.bwd_cum for d, c in enumerate(costs)}
-    work = {d: cum[d][t.bounds[d + 1]] - cum[d][t.bounds[d]] for d in range(num_devices)}
-    cuts = proportional_cuts(cum, work, at, chunks, ctx.layer_list_len)
-    if cuts is None:
-        return None
-    links = ctx.best_links(t.runs)  # a V's turn (one device) hands over in memory
-    hops = [links[min(a, b, len(links) - 1)] for a, b in itertools.pairwise(at)]
-    times = placed_stage_times([costs[d] for d in at], cuts, hops, at, spec.splits_backward)
-    line = steady_time_s(*fill_and_beat(*times[:3], name, num_devices, times[3]), m)
-    return line, cuts, at, times
 
 
 def priced_variants(
