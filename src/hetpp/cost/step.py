@@ -6,6 +6,7 @@ import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel, LayerCosts
@@ -91,11 +92,7 @@ class StepCost:
     def fits(self) -> bool:
         """Every stage, and every device over the stages it runs, within its memory (a device
         of one stage holds just that stage's: only those of several are summed again)."""
-        if not all(s.fits for s in self.stages):
-            return False
-        runs = Counter(s.device for s in self.stages)
-        shared = [s for s in self.stages if runs[s.device] > 1]
-        return all(m.total <= cap for m, cap in device_memories(shared).values())
+        return stages_fit(self.stages)
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -105,6 +102,39 @@ class StepCost:
             search_time_s=search_time_s,
             exposed_sync_s=self.exposed_sync_s,
         )
+
+
+class StageHold(NamedTuple):
+    """What memory a stage's device holds for it, without its times (`plan_fits`)."""
+
+    device: int
+    memory: StageMemory
+    capacity_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+
+def stages_fit(stages: Sequence[StageCost | StageHold]) -> bool:
+    """Every stage, and every device over the stages it runs, within its memory (a device of
+    one stage holds just that stage's: only those of several are summed again)."""
+    if not all(s.fits for s in stages):
+        return False
+    runs = Counter(s.device for s in stages)
+    shared = [s for s in stages if runs[s.device] > 1]
+    return all(m.total <= cap for m, cap in device_memories(shared).values())
+
+
+def plan_fits(plan: Plan, cm: CostModel) -> bool:
+    """`step_cost(plan, cm).fits` without the pipelines' times or the sync: memory does not
+    depend on them, and a planner trial that does not fit need not be timed (the action graph
+    is most of a multi-chunk pipeline's cost). Not for fully sharded plans."""
+    holds = []
+    for pipe in plan.pipelines:
+        memory = _pipeline_memory(cm, pipe, plan.optimizer_shards)
+        holds += [StageHold(st.device, *m) for st, m in zip(pipe.stages, memory)]
+    return stages_fit(holds)
 
 
 def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
@@ -212,7 +242,7 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
 def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list[tuple], float]:
     """Per stage the `StageCost` fields from `gpu` to `done_s`, and the pipeline's time."""
     cluster, train = cm.cluster, cm.train
-    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    costs = _stage_layer_costs(cm, pipe)
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
     links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
     fwd, bwd, comm = stage_times(costs, bounds, links)
@@ -224,16 +254,11 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
         for f, b, st in zip(fwd, bwd, pipe.stages)
     ]
     schedule = pipe.schedule_in(train)
-    num, d_count = len(pipe.stages), len(pipe.devices)
-    m = pipe.num_micro_batches
+    d_count, m = len(pipe.devices), pipe.num_micro_batches
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
-    in_flight = in_flight_counts(schedule, m, d_count, costs, [st.layers for st in pipe.stages])
+    memory = _pipeline_memory(cm, pipe, shards)
     rows = []
-    for s, (st, (k, pending)) in enumerate(zip(pipe.stages, in_flight)):
-        place = (s, num, d_count)
-        mem = stage_memory(
-            cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place, pending
-        )
+    for s, st in enumerate(pipe.stages):
         rows.append(
             (
                 costs[s].gpu.name,
@@ -242,12 +267,41 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
                 bwd[s],
                 weight[s],
                 comm[s] if s < len(comm) else 0.0,
-                mem,
-                costs[s].gpu.memory_bytes,
+                *memory[s],
                 done[s],
             )
         )
     return rows, total
+
+
+def _stage_layer_costs(cm: CostModel, pipe: PipelinePlan) -> list[LayerCosts]:
+    return [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+
+
+def _pipeline_memory(
+    cm: CostModel, pipe: PipelinePlan, shards: int
+) -> tuple[tuple[StageMemory, float], ...]:
+    """Per stage of a pipeline its memory and its device's capacity; memoized on the cost model
+    by the pipeline's kind (`_kind`), or by the pipeline itself with a TP stage."""
+    kind = _kind(cm, pipe, shards)
+    key = ("memory", kind or pipe)
+    got = cm.pipeline_memo.get(key)
+    if got is None:
+        costs = _stage_layer_costs(cm, pipe)
+        schedule = pipe.schedule_in(cm.train)
+        num, d_count, m = len(pipe.stages), len(pipe.devices), pipe.num_micro_batches
+        layers = [st.layers for st in pipe.stages]
+        in_flight = in_flight_counts(schedule, m, d_count, costs, layers)
+        got = cm.pipeline_memo[key] = tuple(
+            (
+                stage_memory(
+                    cm.model, cm.train, c, *span, k, m, shards, schedule, (s, num, d_count), pending
+                ),
+                c.gpu.memory_bytes,
+            )
+            for s, (c, span, (k, pending)) in enumerate(zip(costs, layers, in_flight))
+        )
+    return got
 
 
 def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
