@@ -129,12 +129,16 @@ def stages_fit(stages: Sequence[StageCost | StageHold]) -> bool:
 def plan_fits(plan: Plan, cm: CostModel) -> bool:
     """`step_cost(plan, cm).fits` without the pipelines' times or the sync: memory does not
     depend on them, and a planner trial that does not fit need not be timed (the action graph
-    is most of a multi-chunk pipeline's cost). Not for fully sharded plans."""
-    holds = []
+    is most of a multi-chunk pipeline's cost). Pipeline by pipeline (a device runs in one
+    pipeline only), memoized as `_pipeline_costs` is. Not for fully sharded plans."""
+    memo, shards = cm.pipeline_memo, plan.optimizer_shards
     for pipe in plan.pipelines:
-        memory = _pipeline_memory(cm, pipe, plan.optimizer_shards)
-        holds += [StageHold(st.device, *m) for st, m in zip(pipe.stages, memory)]
-    return stages_fit(holds)
+        same = memo.get(("fits", id(pipe), shards))
+        if same is None or same[0] is not pipe:  # the entry holds the pipeline: ids stay
+            same = memo[("fits", id(pipe), shards)] = (pipe, _pipeline_memory(cm, pipe, shards)[1])
+        if not same[1]:
+            return False
+    return True
 
 
 def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
@@ -256,7 +260,7 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     schedule = pipe.schedule_in(train)
     d_count, m = len(pipe.devices), pipe.num_micro_batches
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
-    memory = _pipeline_memory(cm, pipe, shards)
+    memory, _ = _pipeline_memory(cm, pipe, shards)
     rows = []
     for s, st in enumerate(pipe.stages):
         rows.append(
@@ -280,9 +284,10 @@ def _stage_layer_costs(cm: CostModel, pipe: PipelinePlan) -> list[LayerCosts]:
 
 def _pipeline_memory(
     cm: CostModel, pipe: PipelinePlan, shards: int
-) -> tuple[tuple[StageMemory, float], ...]:
-    """Per stage of a pipeline its memory and its device's capacity; memoized on the cost model
-    by the pipeline's kind (`_kind`), or by the pipeline itself with a TP stage."""
+) -> tuple[tuple[tuple[StageMemory, float], ...], bool]:
+    """Per stage of a pipeline its memory and its device's capacity, and whether the pipeline
+    fits (`stages_fit`); memoized on the cost model by the pipeline's kind (`_kind`), or by the
+    pipeline itself with a TP stage."""
     kind = _kind(cm, pipe, shards)
     key = ("memory", kind or pipe)
     got = cm.pipeline_memo.get(key)
@@ -292,7 +297,7 @@ def _pipeline_memory(
         num, d_count, m = len(pipe.stages), len(pipe.devices), pipe.num_micro_batches
         layers = [st.layers for st in pipe.stages]
         in_flight = in_flight_counts(schedule, m, d_count, costs, layers)
-        got = cm.pipeline_memo[key] = tuple(
+        rows = tuple(
             (
                 stage_memory(
                     cm.model, cm.train, c, *span, k, m, shards, schedule, (s, num, d_count), pending
@@ -301,6 +306,8 @@ def _pipeline_memory(
             )
             for s, (c, span, (k, pending)) in enumerate(zip(costs, layers, in_flight))
         )
+        fits = stages_fit([StageHold(st.device, *row) for st, row in zip(pipe.stages, rows)])
+        got = cm.pipeline_memo[key] = (rows, fits)
     return got
 
 
