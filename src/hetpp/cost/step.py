@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
@@ -83,6 +83,9 @@ class StepCost:
     gathers: tuple[SyncBucket, ...] = ()
     """With optimizer sharding: each sharded bucket's all-gather of updated parameters, after
     its owners' optimizer steps (`bytes`: the parameters in the weights' dtype)."""
+    fits_known: bool | None = field(default=None, repr=False, compare=False)
+    """`fits` where `step_cost` read it off its pipelines' memos (`plan_fits`); None: worked out
+    from the stages."""
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -92,7 +95,7 @@ class StepCost:
     def fits(self) -> bool:
         """Every stage, and every device over the stages it runs, within its memory (a device
         of one stage holds just that stage's: only those of several are summed again)."""
-        return stages_fit(self.stages)
+        return stages_fit(self.stages) if self.fits_known is None else self.fits_known
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -379,12 +382,17 @@ def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
     sums. Owners of a TP stage stand for their group: each rank sums its shard with the matching
     shards of the other pipelines, in parallel, so a bucket takes as long as the owner with the
     least TP degree needs for its share (`ParamSums.synced`)."""
+    same = cm.pipeline_memo.get(("buckets", id(plan)))
+    if same is not None and same[0] is plan:  # the sync and the gathers both ask
+        return same[1]
     sums = ParamSums(cm.model)
     tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
-    return [
+    got = [
         (b, sum(sums.synced(x, y, min(tp[o] for o in b.owners)) for x, y in b.blocks))
         for b in grad_buckets(plan)
     ]
+    cm.pipeline_memo[("buckets", id(plan))] = (plan, got)
+    return got
 
 
 def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -> float:
@@ -463,6 +471,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
             SyncBucket(owners, blocks, nbytes, *t)
             for (owners, blocks, nbytes, _), t in zip(order, gathered)
         ),
+        plan_fits(plan, cm),
     )
 
 
