@@ -21,6 +21,7 @@ from hetpp.cost.params import (
 )
 from hetpp.cost.pipeline import pipeline_done_s, stage_times, weight_grad_s
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
+from hetpp.specs.cluster import Link
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, GradBucket, PipelinePlan, Plan, StagePlan, grad_buckets
@@ -177,9 +178,12 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     return stages, times
 
 
-PIPELINE_MEMO = 16384
-"""Pipelines whose stage costs a CostModel keeps (`_pipeline_costs`): the planner costs many
-plans that share most of their pipelines (the schedule pass changes a few at a time)."""
+PIPELINE_MEMO = 1 << 17
+"""Entries a CostModel's pipeline memo holds before it is cleared (`_pipeline_costs`; a new
+pipeline takes about five: its costs by identity and by value, its kind, its memory verdict):
+the planner costs many plans that share most of their pipelines (the schedule pass changes a
+few at a time). At 16384 the 8192-GPU search of `bench/search_speed.py` cleared it 15 times
+(43.6 s CPU, peak RSS 251 MB, against 34.8 s and 477 MB now; branch speed5)."""
 
 
 def _pipeline_costs(
@@ -220,6 +224,15 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     """What `_pipeline_rows` reads of a pipeline: per stage its GPU type, layers and flags, the
     links between stages, which hand-overs stay on one device, the schedule and batch. None
     with a TP stage (its layer costs depend on its group's own link)."""
+    same = cm.pipeline_memo.get(("kind of", id(pipe), shards))
+    if same is not None and same[0] is pipe:  # asked by `plan_fits` and `_pipeline_costs`
+        return same[1]
+    kind = _new_kind(cm, pipe, shards)
+    cm.pipeline_memo[("kind of", id(pipe), shards)] = (pipe, kind)  # holds it: ids stay
+    return kind
+
+
+def _new_kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     if pipe.has_tp:
         return None
     devices = tuple(x.device for x in pipe.stages)
@@ -397,10 +410,21 @@ def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
 
 def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -> float:
     """A bucket's gradient sum: a ring all-reduce, or with sharding one reduce-scatter pass."""
-    link, ranks = group_link(cm.cluster, owners), len(set(owners))
+    link, ranks = _owners_link(cm, owners)
     if plan.sharding == "optimizer":
         return ring_pass_time_s(nbytes, ranks, link)
     return allreduce_time_s(nbytes, ranks, link)
+
+
+def _owners_link(cm: CostModel, owners: tuple[int, ...]) -> tuple[Link, int]:
+    """A bucket's ring (`group_link`) and its rank count; memoized on the cost model by the
+    owners (a large plan's trials share most of their buckets' owner sets, thousands of devices
+    long)."""
+    key = ("ring", owners)
+    got = cm.pipeline_memo.get(key)
+    if got is None:
+        got = cm.pipeline_memo[key] = (group_link(cm.cluster, owners), len(set(owners)))
+    return got
 
 
 def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
@@ -411,8 +435,8 @@ def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, flo
     out = []
     for bucket, n in _bucket_params(plan, cm):
         owners, nbytes = bucket.owners, n * cm.train.dtype_bytes
-        link = group_link(cm.cluster, owners)
-        seconds = ring_pass_time_s(nbytes, len(set(owners)), link)
+        link, ranks = _owners_link(cm, owners)
+        seconds = ring_pass_time_s(nbytes, ranks, link)
         out.append((owners, bucket.blocks, nbytes, seconds))
     return out
 
