@@ -25,12 +25,12 @@ CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
 
 @pytest.fixture(scope="module")
 def trials():
-    """hpp's one-chunk plan on 4 A100s + 4 RTX 4090s (gpt3-2.7b, batch 64) and each of its
+    """hpp's one-chunk plan on 4 A100s + 4 RTX 4090s (gpt3-1.3b, batch 64) and each of its
     pipelines moved alone to every multi-chunk schedule at 2 chunks, both device orders, at
     its own micro-batch size and at 4x it (more activations: some stop fitting)."""
     cl = load_cluster(MIXED8)
-    base = plan(problem(cl, "gpt3-2.7b", 64, seq=2048, schedules=()), "hpp").plan
-    prob = problem(cl, "gpt3-2.7b", 64, seq=2048, schedules=CHUNKED)
+    base = plan(problem(cl, "gpt3-1.3b", 64, seq=2048, schedules=()), "hpp").plan
+    prob = problem(cl, "gpt3-1.3b", 64, seq=2048, schedules=CHUNKED)
     out = [base]
     for i, pipe in enumerate(base.pipelines):
         for name in CHUNKED:
