@@ -39,7 +39,8 @@ pipelines reversed (branch quality, issue 12; on its own branch mixed-8 went 1.1
 -> 1.1824143380488836 s): mixed-8 1.1569920446190856 -> 1.1272443282417175 s, gen-16 sharded
 1.4962537781456666 -> 1.482933222553909 s; the other rows are unchanged. The third speed round
 added rows of the baselines and the FSDP family run alone (their plans are reported too),
-computed by e646b2f's code the same way."""
+computed by e646b2f's code the same way; the fifth (speed5) rows of the default targeted
+sharding, by 3a4fffb's."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ EXPECTED = [
     ("lab-64", "gpt3-13b", 256, "none", "layer-balanced", 6.444106948273374),
     ("lab-64", "gpt3-13b", 256, "none", "data-balanced", 8.954014876150888),
     ("h100-a100-t4", "gpt3-2.7b", 128, "none", "data-balanced", 1.3441748260561373),
+    # The default sharding of `hetpp plan` (targeted: the unsharded search, then the schedule
+    # pass again on its plans sharded), computed by 3a4fffb's code (branch speed5).
+    ("gen-16", "llama2-7b", 64, "targeted", "best", 1.5061510428410954),
+    ("lab-64", "gpt3-13b", 256, "targeted", "best", 5.619400003249565),
 ]
 
 

@@ -79,11 +79,8 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
     num = num_devices * chunks
     # the device of stages -1 .. num (the two ends: none, never "another device")
     dev = np.array([-1] + [spec.device_index(s, num_devices) for s in range(num)] + [-1])
-    rows = [
-        (d, PARTS[k], s, mb)
-        for d in range(num_devices)
-        for k, s, mb in spec.order(d, num_devices, chunks, m)
-    ]
+    orders = device_orders(spec.name, num_devices, chunks, m)
+    rows = [(d, PARTS[k], s, mb) for d in range(num_devices) for k, s, mb in orders[d]]
     d, kind, s, mb = np.array(rows, dtype=int).reshape(-1, 4).T
     span = max(m, int(mb.max(initial=0)) + 1)
     back = (kind != PARTS["F"]).astype(int)
@@ -100,6 +97,15 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
         sent=np.where(sends, (2 * np.minimum(to, s) + back) * span + mb, -1),
         span=span,
     )
+
+
+@functools.lru_cache(maxsize=512)
+def device_orders(schedule: str, num_devices: int, chunks: int, m: int) -> tuple[tuple, ...]:
+    """Every device's steps `(kind, stage, micro-batch)` in `schedule`'s order
+    (`ScheduleSpec.order`), memoized: the action graph and the memory replay
+    (`memory._holding_states`) of one structure both read them."""
+    spec = SCHEDULES[schedule]
+    return tuple(tuple(spec.order(d, num_devices, chunks, m)) for d in range(num_devices))
 
 
 def _edges(steps: _Steps, num: int) -> tuple[np.ndarray, ...]:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetpp.cost.action_graph import device_orders
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import (
     rank_stored_params,
@@ -21,7 +22,7 @@ from hetpp.cost.params import (
     tied_copy_params,
 )
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
+from hetpp.specs.schedule import ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 
@@ -175,10 +176,8 @@ def _holding_states(
     as many of on every stage left out. A micro-batch is held from its forward to its backward, a
     split one's W (which needs them), as `ScheduleSpec.in_flight` counts; it is pending from its
     I to its W (torch keeps the weighted ops' output gradients for the W, `_pending_bytes`)."""
-    spec = SCHEDULES[name]
     out = []
-    for rank in range(num_devices):
-        order = spec.order(rank, num_devices, chunks, m)
+    for order in device_orders(name, num_devices, chunks, m):
         stages = sorted({s for _, s, _ in order})
         column = {s: 2 * i for i, s in enumerate(stages)}
         held = [0] * (2 * len(stages))  # per stage, (micro-batches held, of them pending)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -284,8 +285,26 @@ def pipeline_done_s(
             fwd, bwd, comm, num_micro_batches
         ):
             return float(total), backward_done_s(bwd_s, comm_s, total)
-    ends = path_ends_s(fwd, bwd, comm, num_micro_batches, schedule, d_count, weight)
-    return float(ends.devices_s.max()), ends.grads_final_s.tolist()
+    key = (tuple(fwd), tuple(bwd), tuple(comm), num_micro_batches, schedule, d_count)
+    total, done = _graph_ends(*key, tuple(weight))
+    return total, list(done)
+
+
+@functools.lru_cache(maxsize=4096)
+def _graph_ends(
+    fwd_s: tuple,
+    bwd_s: tuple,
+    comm_s: tuple,
+    m: int,
+    schedule: str,
+    num_devices: int,
+    weight_s: tuple,
+) -> tuple[float, tuple[float, ...]]:
+    """`pipeline_done_s` by the action graph, memoized by its inputs: the sharded schedule pass
+    (`planner.sharding`) and the search's settings time the same pipelines under cost models
+    of their own, whose memos do not meet."""
+    ends = path_ends_s(fwd_s, bwd_s, comm_s, m, schedule, num_devices, weight_s)
+    return float(ends.devices_s.max()), tuple(ends.grads_final_s.tolist())
 
 
 def busy_stage_bound_s(fwd_s: Times, bwd_s: Times, comm_s: Times, num_micro_batches: int) -> float:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
 from hetpp.cost.compute import CostModel, LayerCosts
@@ -20,6 +21,7 @@ from hetpp.cost.params import (
 )
 from hetpp.cost.pipeline import pipeline_done_s, placed_stage_times
 from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
+from hetpp.specs.cluster import Link
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
 from hetpp.specs.plan import Estimate, GradBucket, PipelinePlan, Plan, StagePlan, grad_buckets
@@ -83,6 +85,9 @@ class StepCost:
     gathers: tuple[SyncBucket, ...] = ()
     """With optimizer sharding: each sharded bucket's all-gather of updated parameters, after
     its owners' optimizer steps (`bytes`: the parameters in the weights' dtype)."""
+    fits_known: bool | None = field(default=None, repr=False, compare=False)
+    """`fits` where `step_cost` read it off its pipelines' memos (`plan_fits`); None: worked out
+    from the stages."""
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -92,11 +97,7 @@ class StepCost:
     def fits(self) -> bool:
         """Every stage, and every device over the stages it runs, within its memory (a device
         of one stage holds just that stage's: only those of several are summed again)."""
-        if not all(s.fits for s in self.stages):
-            return False
-        runs = Counter(s.device for s in self.stages)
-        shared = [s for s in self.stages if runs[s.device] > 1]
-        return all(m.total <= cap for m, cap in device_memories(shared).values())
+        return stages_fit(self.stages) if self.fits_known is None else self.fits_known
 
     def estimate(self, search_time_s: float = 0.0) -> Estimate:
         return Estimate(
@@ -106,6 +107,43 @@ class StepCost:
             search_time_s=search_time_s,
             exposed_sync_s=self.exposed_sync_s,
         )
+
+
+class StageHold(NamedTuple):
+    """What memory a stage's device holds for it, without its times (`plan_fits`)."""
+
+    device: int
+    memory: StageMemory
+    capacity_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+
+def stages_fit(stages: Sequence[StageCost | StageHold]) -> bool:
+    """Every stage, and every device over the stages it runs, within its memory (a device of
+    one stage holds just that stage's: only those of several are summed again)."""
+    if not all(s.fits for s in stages):
+        return False
+    runs = Counter(s.device for s in stages)
+    shared = [s for s in stages if runs[s.device] > 1]
+    return all(m.total <= cap for m, cap in device_memories(shared).values())
+
+
+def plan_fits(plan: Plan, cm: CostModel) -> bool:
+    """`step_cost(plan, cm).fits` without the pipelines' times or the sync: memory does not
+    depend on them, and a planner trial that does not fit need not be timed (the action graph
+    is most of a multi-chunk pipeline's cost). Pipeline by pipeline (a device runs in one
+    pipeline only), memoized as `_pipeline_costs` is. Not for fully sharded plans."""
+    memo, shards = cm.pipeline_memo, plan.optimizer_shards
+    for pipe in plan.pipelines:
+        same = memo.get(("fits", id(pipe), shards))
+        if same is None or same[0] is not pipe:  # the entry holds the pipeline: ids stay
+            same = memo[("fits", id(pipe), shards)] = (pipe, _pipeline_memory(cm, pipe, shards)[1])
+        if not same[1]:
+            return False
+    return True
 
 
 def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
@@ -141,9 +179,12 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     return stages, times
 
 
-PIPELINE_MEMO = 16384
-"""Pipelines whose stage costs a CostModel keeps (`_pipeline_costs`): the planner costs many
-plans that share most of their pipelines (the schedule pass changes a few at a time)."""
+PIPELINE_MEMO = 1 << 17
+"""Entries a CostModel's pipeline memo holds before it is cleared (`_pipeline_costs`; a new
+pipeline takes about five: its costs by identity and by value, its kind, its memory verdict):
+the planner costs many plans that share most of their pipelines (the schedule pass changes a
+few at a time). At 16384 the 8192-GPU search of `bench/search_speed.py` cleared it 15 times
+(43.6 s CPU, peak RSS 251 MB, against 34.8 s and 477 MB now; branch speed5)."""
 
 
 def _pipeline_costs(
@@ -184,6 +225,15 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     """What `_pipeline_rows` reads of a pipeline: per stage its GPU type, layers and flags, the
     links between stages, which hand-overs stay on one device, the schedule and batch. None
     with a TP stage (its layer costs depend on its group's own link)."""
+    same = cm.pipeline_memo.get(("kind of", id(pipe), shards))
+    if same is not None and same[0] is pipe:  # asked by `plan_fits` and `_pipeline_costs`
+        return same[1]
+    kind = _new_kind(cm, pipe, shards)
+    cm.pipeline_memo[("kind of", id(pipe), shards)] = (pipe, kind)  # holds it: ids stay
+    return kind
+
+
+def _new_kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     if pipe.has_tp:
         return None
     devices = tuple(x.device for x in pipe.stages)
@@ -213,7 +263,7 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
 def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list[tuple], float]:
     """Per stage the `StageCost` fields from `gpu` to `done_s`, and the pipeline's time."""
     cluster, train = cm.cluster, cm.train
-    costs = [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+    costs = _stage_layer_costs(cm, pipe)
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
     links = [p2p_link(cluster, a.device, b.device) for a, b in zip(pipe.stages, pipe.stages[1:])]
     schedule = pipe.schedule_in(train)
@@ -221,16 +271,11 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     fwd, bwd, comm, weight = placed_stage_times(
         costs, bounds, links, devices, schedule.splits_backward
     )
-    num, d_count = len(pipe.stages), len(pipe.devices)
-    m = pipe.num_micro_batches
+    d_count, m = len(pipe.devices), pipe.num_micro_batches
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
-    in_flight = in_flight_counts(schedule, m, d_count, costs, [st.layers for st in pipe.stages])
+    memory, _ = _pipeline_memory(cm, pipe, shards)
     rows = []
-    for s, (st, (k, pending)) in enumerate(zip(pipe.stages, in_flight)):
-        place = (s, num, d_count)
-        mem = stage_memory(
-            cm.model, train, costs[s], *st.layers, k, m, shards, schedule, place, pending
-        )
+    for s, st in enumerate(pipe.stages):
         rows.append(
             (
                 costs[s].gpu.name,
@@ -239,12 +284,44 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
                 bwd[s],
                 weight[s],
                 comm[s] if s < len(comm) else 0.0,
-                mem,
-                costs[s].gpu.memory_bytes,
+                *memory[s],
                 done[s],
             )
         )
     return rows, total
+
+
+def _stage_layer_costs(cm: CostModel, pipe: PipelinePlan) -> list[LayerCosts]:
+    return [stage_layer_costs(cm, st, pipe.micro_batch_size) for st in pipe.stages]
+
+
+def _pipeline_memory(
+    cm: CostModel, pipe: PipelinePlan, shards: int
+) -> tuple[tuple[tuple[StageMemory, float], ...], bool]:
+    """Per stage of a pipeline its memory and its device's capacity, and whether the pipeline
+    fits (`stages_fit`); memoized on the cost model by the pipeline's kind (`_kind`), or by the
+    pipeline itself with a TP stage."""
+    kind = _kind(cm, pipe, shards)
+    key = ("memory", kind or pipe)
+    got = cm.pipeline_memo.get(key)
+    if got is None:
+        costs = _stage_layer_costs(cm, pipe)
+        schedule = pipe.schedule_in(cm.train)
+        num, d_count, m = len(pipe.stages), len(pipe.devices), pipe.num_micro_batches
+        layers = [st.layers for st in pipe.stages]
+        in_flight = in_flight_counts(schedule, m, d_count, costs, layers)
+        rows = tuple(
+            (
+                stage_memory(
+                    cm.model, cm.train, c, *span, k, m, shards, schedule, (s, num, d_count), pending
+                ),
+                c.gpu.memory_bytes,
+            )
+            for s, (c, span, (k, pending)) in enumerate(zip(costs, layers, in_flight))
+        )
+        fits = stages_fit([StageHold(st.device, *row) for st, row in zip(pipe.stages, rows)])
+        got = cm.pipeline_memo[key] = (rows, fits)
+    return got
 
 
 def _fsdp_stages(step: FsdpStep) -> tuple[list[StageCost], list[float]]:
@@ -315,20 +392,36 @@ def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
     sums. Owners of a TP stage stand for their group: each rank sums its shard with the matching
     shards of the other pipelines, in parallel, so a bucket takes as long as the owner with the
     least TP degree needs for its share (`ParamSums.synced`)."""
+    same = cm.pipeline_memo.get(("buckets", id(plan)))
+    if same is not None and same[0] is plan:  # the sync and the gathers both ask
+        return same[1]
     sums = ParamSums(cm.model)
     tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
-    return [
+    got = [
         (b, sum(sums.synced(x, y, min(tp[o] for o in b.owners)) for x, y in b.blocks))
         for b in grad_buckets(plan)
     ]
+    cm.pipeline_memo[("buckets", id(plan))] = (plan, got)
+    return got
 
 
 def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -> float:
     """A bucket's gradient sum: a ring all-reduce, or with sharding one reduce-scatter pass."""
-    link, ranks = group_link(cm.cluster, owners), len(set(owners))
+    link, ranks = _owners_link(cm, owners)
     if plan.sharding == "optimizer":
         return ring_pass_time_s(nbytes, ranks, link)
     return allreduce_time_s(nbytes, ranks, link)
+
+
+def _owners_link(cm: CostModel, owners: tuple[int, ...]) -> tuple[Link, int]:
+    """A bucket's ring (`group_link`) and its rank count; memoized on the cost model by the
+    owners (a large plan's trials share most of their buckets' owner sets, thousands of devices
+    long)."""
+    key = ("ring", owners)
+    got = cm.pipeline_memo.get(key)
+    if got is None:
+        got = cm.pipeline_memo[key] = (group_link(cm.cluster, owners), len(set(owners)))
+    return got
 
 
 def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
@@ -339,8 +432,8 @@ def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, flo
     out = []
     for bucket, n in _bucket_params(plan, cm):
         owners, nbytes = bucket.owners, n * cm.train.dtype_bytes
-        link = group_link(cm.cluster, owners)
-        seconds = ring_pass_time_s(nbytes, len(set(owners)), link)
+        link, ranks = _owners_link(cm, owners)
+        seconds = ring_pass_time_s(nbytes, ranks, link)
         out.append((owners, bucket.blocks, nbytes, seconds))
     return out
 
@@ -399,6 +492,7 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
             SyncBucket(owners, blocks, nbytes, *t)
             for (owners, blocks, nbytes, _), t in zip(order, gathered)
         ),
+        plan_fits(plan, cm),
     )
 
 

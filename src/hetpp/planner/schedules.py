@@ -86,7 +86,9 @@ def choose_schedules(
             spec = SCHEDULES[name]
             for chunks in CHUNK_COUNTS[spec.placement]:
                 trial = _all_chunked(problem, one_chunk, groups, spec, chunks, split)
-                cost = None if trial is None else evaluate(problem, trial)
+                cost = (
+                    None if trial is None else evaluate_below(problem, trial, best.iteration_time_s)
+                )
                 if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                     plan, best = trial, cost
     if rebalance:
