@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Literal
 
@@ -49,33 +50,17 @@ def choose_schedules(
     names = problem.schedules_to_try(plan.train.recompute)
     if not names:
         return plan, best
-    groups: dict[tuple, list[int]] = {}
-    for i, pipe in enumerate(plan.pipelines):
-        if pipe.chunks == 1:
-            groups.setdefault(_shape(problem, pipe), []).append(i)
+    groups = shape_groups(problem, plan)
     one_chunk = plan
     # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
-        start = plan
-        for name in names:
-            spec = SCHEDULES[name]
-            for chunks, flip in itertools.product(
-                CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
-            ):
-                trial = start
-                for i in members:
-                    pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split, flip)
-                    if pipe is None:
-                        break
-                    trial = _with_pipeline(trial, i, pipe)
-                else:
-                    trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
-                    if trial is None:
-                        continue
-                    cost = evaluate_below(problem, trial, best.iteration_time_s)
-                    if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
-                        plan, best = trial, cost
+        for *_, trial in group_trials(problem, plan, members, names, split):
+            if trial is None:
+                continue
+            cost = evaluate_below(problem, trial, best.iteration_time_s)
+            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                plan, best = trial, cost
     # Every shape at once too: moving one shape alone re-cuts it against the others, which can
     # split the blocks of every bucket over a slow link, while all moved together keep theirs.
     if len(groups) > 1:
@@ -93,6 +78,38 @@ def choose_schedules(
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
+
+
+def shape_groups(problem: Problem, plan: Plan) -> dict[tuple, list[int]]:
+    """The plan's one-chunk pipelines by shape (`_shape`): the pass moves each group together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        if pipe.chunks == 1:
+            groups.setdefault(_shape(problem, pipe), []).append(i)
+    return groups
+
+
+def group_trials(
+    problem: Problem, start: Plan, members: list[int], names: tuple[str, ...], split: Split
+) -> Iterator[tuple[str, int, bool, Plan | None]]:
+    """Each trial of the pass for the pipelines `members` of `start` (one shape): schedule,
+    chunks, whether the devices are reversed, and the plan (None where the layers, micro-batch
+    counts or torch's rules do not allow it)."""
+    for name in names:
+        spec = SCHEDULES[name]
+        for chunks, flip in itertools.product(
+            CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
+        ):
+            trial = start
+            for i in members:
+                pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split, flip)
+                if pipe is None:
+                    trial = None
+                    break
+                trial = _with_pipeline(trial, i, pipe)
+            if trial is not None:
+                trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
+            yield name, chunks, flip, trial
 
 
 def _all_chunked(
