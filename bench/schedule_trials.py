@@ -15,6 +15,7 @@ micro-batch on it, and the tail after the pipelines (exposed sync, optimizer, ga
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from planner import _chosen, scenarios
@@ -26,8 +27,10 @@ from hetpp.planner.baselines import SCHEDULE_FREEDOM
 from hetpp.planner.schedules import (
     CHUNK_COUNTS,
     _all_chunked,
+    _costed,
     busiest_work_s,
     group_trials,
+    pass_start,
     shape_groups,
 )
 from hetpp.planner.sharding import sharded_problem, sharded_start
@@ -73,7 +76,10 @@ def _memory_verdict(base: StepCost, step: StepCost) -> str:
 def _verdict(problem: Problem, final: Plan, base: StepCost, trial: Plan | None) -> str:
     if trial is None:
         return "not built (layers, micro-batch count or torch's rules)"
-    step = evaluate(problem, trial)
+    trial, step = _costed(problem, trial, math.inf, final.train.recompute)
+    rc = sum(st.recompute is True for p in trial.pipelines for st in p.stages if p.chunks > 1)
+    if rc:
+        print(f"      (recomputes {rc} chunked stages)")
     if not step.fits:
         return _memory_verdict(base, step)
     a, b = _parts(final, base), _parts(trial, step)
@@ -107,21 +113,22 @@ def replay(problem: Problem, final: Plan, split: str) -> None:
           f"{base.iteration_time_s:.3f} s, fits {base.fits}")  # fmt: skip
     parts = _parts(final, base)
     print("plan: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()))
-    groups = shape_groups(problem, final)
-    names = problem.schedules_to_try(final.train.recompute)
+    start = pass_start(final)
+    groups = shape_groups(problem, start)
+    names = problem.schedules_to_try(start.train.recompute)
     print(f"schedules tried: {', '.join(names) or 'none'}")
     for members in groups.values():
         pipe = final.pipelines[members[0]]
         kinds = "+".join(cluster.gpu(d).name for d in pipe.devices)
         print(f"- {len(members)} x [{kinds}] mbs {pipe.micro_batch_size} "
               f"m {pipe.num_micro_batches}, layers {[s.layers for s in pipe.stages]}")  # fmt: skip
-        for name, chunks, flip, trial in group_trials(problem, final, members, names, split):
+        for name, chunks, flip, trial in group_trials(problem, start, members, names, split):
             rev = ", reversed" if flip else ""
             print(f"    {name}/{chunks}{rev}: {_verdict(problem, final, base, trial)}")
     if len(groups) > 1:
         for name in names:
             for chunks in CHUNK_COUNTS[SCHEDULES[name].placement]:
-                trial = _all_chunked(problem, final, groups, SCHEDULES[name], chunks, split)
+                trial = _all_chunked(problem, start, groups, SCHEDULES[name], chunks, split)
                 print(f"- all shapes {name}/{chunks}: {_verdict(problem, final, base, trial)}")
 
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Literal
 
 from hetpp.cost.pipeline import fill_and_beat
-from hetpp.cost.step import StepCost, stage_costs
+from hetpp.cost.step import StepCost, device_memories, stage_costs
 from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.partition import equal_bounds
@@ -46,21 +47,24 @@ def choose_schedules(
     problem: Problem, plan: Plan, split: Split = "balanced", rebalance: bool = True
 ) -> tuple[Plan, StepCost]:
     """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
-    best = evaluate(problem, plan)
-    names = problem.schedules_to_try(plan.train.recompute)
+    best = first = evaluate(problem, plan)
+    start = one_chunk = pass_start(plan)
+    names = problem.schedules_to_try(start.train.recompute)
     if not names:
         return plan, best
-    groups = shape_groups(problem, plan)
-    one_chunk = plan
+    groups = shape_groups(problem, start)
+    rc = plan.train.recompute
     # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
-        for *_, trial in group_trials(problem, plan, members, names, split):
+        for *_, trial in group_trials(problem, start, members, names, split):
             if trial is None:
                 continue
-            cost = evaluate_below(problem, trial, best.iteration_time_s)
+            trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
+        if best is not first:  # the next shape starts from what won
+            start = plan
     # Every shape at once too: moving one shape alone re-cuts it against the others, which can
     # split the blocks of every bucket over a slow link, while all moved together keep theirs.
     if len(groups) > 1:
@@ -68,7 +72,9 @@ def choose_schedules(
             spec = SCHEDULES[name]
             for chunks in CHUNK_COUNTS[spec.placement]:
                 trial = _all_chunked(problem, one_chunk, groups, spec, chunks, split)
-                cost = None if trial is None else evaluate(problem, trial)
+                if trial is None:
+                    continue
+                trial, cost = _costed(problem, trial, math.inf, rc)
                 if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                     plan, best = trial, cost
     if rebalance:
@@ -78,6 +84,53 @@ def choose_schedules(
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
     return plan, best
+
+
+def pass_start(plan: Plan) -> Plan:
+    """`plan` as the pass tries it: recomputation as a per-stage flag (on where a stage of
+    `plan` recomputes), none plan-wide, so a chunked trial's new stages start without it and
+    get it only where a device overfills (`_costed`). With the plan-wide flag every stage of a
+    trial recomputed and the split-backward schedules were not tried at all
+    (`Problem.schedules_to_try`): edu-32 gpt3-13b, sharded, recomputed on none of its stages
+    and on every one of its interleaved trial's."""
+    train = plan.train
+    if not train.recompute:
+        return plan
+    pipes = tuple(
+        p.model_copy(update={"stages": tuple(
+            st.model_copy(update={"recompute": True if st.recomputes(train) else None})
+            for st in p.stages)})
+        for p in plan.pipelines
+    )  # fmt: skip
+    train = train.model_copy(update={"recompute": False})
+    return plan.model_copy(update={"train": train, "pipelines": pipes})
+
+
+def _costed(
+    problem: Problem, trial: Plan, bound_s: float, may_recompute: bool
+) -> tuple[Plan, StepCost | None]:
+    """`trial` and its full cost (None if it cannot beat `bound_s`). Where it overfills and
+    `may_recompute` (the plan was searched with recomputation), again with recomputation on
+    every stage of each overfilled device, if none of them runs a split backward (torch's W
+    would recompute each block once per parameter group: `Problem.schedules_to_try`)."""
+    cost = evaluate_below(problem, trial, bound_s)
+    if cost is None or cost.fits or not may_recompute:
+        return trial, cost
+    over = {d for d, (m, cap) in device_memories(cost.stages).items() if m.total > cap}
+    pipes = []
+    for pipe in trial.pipelines:
+        if not over.intersection(pipe.devices):
+            pipes.append(pipe)
+            continue
+        if pipe.schedule_in(trial.train).splits_backward:
+            return trial, cost
+        stages = tuple(
+            st.model_copy(update={"recompute": True}) if st.device in over else st
+            for st in pipe.stages
+        )
+        pipes.append(pipe.model_copy(update={"stages": stages}))
+    trial = trial.model_copy(update={"pipelines": tuple(pipes)})
+    return trial, evaluate_below(problem, trial, bound_s)
 
 
 def shape_groups(problem: Problem, plan: Plan) -> dict[tuple, list[int]]:
