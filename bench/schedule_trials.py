@@ -122,8 +122,8 @@ def replay(problem: Problem, final: Plan, split: str) -> None:
         kinds = "+".join(cluster.gpu(d).name for d in pipe.devices)
         print(f"- {len(members)} x [{kinds}] mbs {pipe.micro_batch_size} "
               f"m {pipe.num_micro_batches}, layers {[s.layers for s in pipe.stages]}")  # fmt: skip
-        for name, chunks, flip, trial in group_trials(problem, start, members, names, split):
-            rev = ", reversed" if flip else ""
+        for name, chunks, flip, thin, trial in group_trials(problem, start, members, names, split):
+            rev = (", reversed" if flip else "") + (", thinned" if thin else "")
             print(f"    {name}/{chunks}{rev}: {_verdict(problem, final, base, trial)}")
     if len(groups) > 1:
         for name in names:

@@ -124,6 +124,8 @@ def test_a_plan_recomputing_on_no_stage_is_tried_as_one_without_recomputation(pl
     assert want.iteration_time_s < one.iteration_time_s  # the pass wins here
     assert got == want
     assert not any(st.recomputes(got_plan.train) for p in got_plan.pipelines for st in p.stages)
+    assert got_plan.train.recompute  # still says how it was searched; the same cost
+    assert step_cost(got_plan, prob.cost_model(True)) == got
 
 
 def test_a_trial_recomputes_only_on_the_devices_it_overfills():
@@ -140,7 +142,8 @@ def test_a_trial_recomputes_only_on_the_devices_it_overfills():
     start = pass_start(flagged)
     assert not start.train.recompute and start.pipelines[0].stages[0].recompute is True
     one = one.model_copy(update={"train": start.train})  # the trial's stages as searched
-    ((*_, trial),) = group_trials(p, one, [0], ("interleaved-1f1b",), "balanced")
+    trial = next(t for *_, thin, t in group_trials(p, one, [0], ("interleaved-1f1b",), "balanced")
+                 if not thin)  # fmt: skip
     over = {
         d for d, (m, cap) in device_memories(evaluate(p, trial).stages).items() if m.total > cap
     }
@@ -152,3 +155,20 @@ def test_a_trial_recomputes_only_on_the_devices_it_overfills():
     assert [st.device in over for st in got.pipelines[0].stages] == [
         bool(st.recompute) for st in got.pipelines[0].stages
     ]
+
+
+def test_a_trial_leaves_out_the_devices_a_second_chunk_would_slow():
+    # 2 T4s in front of 4 H100s, gpt3-2.7b: the one-chunk split gives each T4 one layer (the
+    # embedding, a block); at 2 chunks each would need a second, so every trial on all six
+    # devices loses to 1F1B. Without the T4s, the H100s under ZB-V are 22% faster.
+    cl = cluster(("T4", 2, 1), ("H100-80GB", 2, 2))
+    base = plan(problem(cl, "gpt3-2.7b", 32, schedules=()), "layer-balanced")
+    (pipe,) = base.plan.pipelines
+    thin = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] < 2]
+    assert {cl.gpu(d).name for d in thin} == {"T4"}
+    p = problem(cl, "gpt3-2.7b", 32, schedules=CHUNKED)
+    got, step = choose_schedules(p, base.plan)
+    assert step.fits and step.iteration_time_s < 0.8 * base.iteration_time_s
+    assert step == step_cost(got, p.cost_model(got.train.recompute))
+    (moved,) = got.pipelines
+    assert moved.chunks == 2 and not set(thin) & set(moved.devices)

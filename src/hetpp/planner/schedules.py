@@ -33,10 +33,16 @@ from hetpp.cost.pipeline import fill_and_beat
 from hetpp.cost.step import StepCost, device_memories, stage_costs
 from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
-from hetpp.planner.partition import equal_bounds
+from hetpp.planner.partition import (
+    balance_stages,
+    equal_bounds,
+    in_flight_per_stage,
+    stage_tables,
+)
 from hetpp.planner.problem import Problem
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
+from hetpp.specs.trainspec import TrainSpec
 
 Split = Literal["balanced", "equal"]
 CHUNK_COUNTS = {"loop": (2,), "v": (2,)}
@@ -48,6 +54,7 @@ def choose_schedules(
 ) -> tuple[Plan, StepCost]:
     """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
     best = first = evaluate(problem, plan)
+    first_train = plan.train
     start = one_chunk = pass_start(plan)
     names = problem.schedules_to_try(start.train.recompute)
     if not names:
@@ -57,7 +64,8 @@ def choose_schedules(
     # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
-        for *_, trial in group_trials(problem, start, members, names, split):
+        trials = group_trials(problem, start, members, names, split, best.iteration_time_s)
+        for *_, trial in trials:
             if trial is None:
                 continue
             trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
@@ -83,7 +91,7 @@ def choose_schedules(
             cost = evaluate_below(problem, trial, best.iteration_time_s)
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
-    return plan, best
+    return _with_train(plan, first_train), best
 
 
 def pass_start(plan: Plan) -> Plan:
@@ -103,6 +111,20 @@ def pass_start(plan: Plan) -> Plan:
         for p in plan.pipelines
     )  # fmt: skip
     train = train.model_copy(update={"recompute": False})
+    return plan.model_copy(update={"train": train, "pipelines": pipes})
+
+
+def _with_train(plan: Plan, train: TrainSpec) -> Plan:
+    """`plan` (a trial from `pass_start`) under the plan-wide settings it started from, each
+    stage's recomputation written out: the same cost, and the plan still says it was searched
+    with recomputation."""
+    if plan.train == train:
+        return plan
+    pipes = tuple(
+        p.model_copy(update={"stages": tuple(
+            st.model_copy(update={"recompute": st.recomputes(plan.train)}) for st in p.stages)})
+        for p in plan.pipelines
+    )  # fmt: skip
     return plan.model_copy(update={"train": train, "pipelines": pipes})
 
 
@@ -143,26 +165,72 @@ def shape_groups(problem: Problem, plan: Plan) -> dict[tuple, list[int]]:
 
 
 def group_trials(
-    problem: Problem, start: Plan, members: list[int], names: tuple[str, ...], split: Split
-) -> Iterator[tuple[str, int, bool, Plan | None]]:
+    problem: Problem,
+    start: Plan,
+    members: list[int],
+    names: tuple[str, ...],
+    split: Split,
+    bound_s: float = math.inf,
+) -> Iterator[tuple[str, int, bool, bool, Plan | None]]:
     """Each trial of the pass for the pipelines `members` of `start` (one shape): schedule,
-    chunks, whether the devices are reversed, and the plan (None where the layers, micro-batch
-    counts or torch's rules do not allow it)."""
+    chunks, whether the devices are reversed, whether thinned (`_thinned`; not where its
+    micro-batches at its slowest stage's work already take `bound_s`), and the plan (None
+    where the layers, micro-batch counts or torch's rules do not allow it)."""
     for name in names:
         spec = SCHEDULES[name]
         for chunks, flip in itertools.product(
             CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
         ):
-            trial = start
-            for i in members:
-                pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split, flip)
-                if pipe is None:
-                    trial = None
-                    break
-                trial = _with_pipeline(trial, i, pipe)
-            if trial is not None:
-                trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
-            yield name, chunks, flip, trial
+            thin = [_thinned(problem, start, start.pipelines[i], chunks, split) for i in members]
+            lean = (
+                thin[0] is not None
+                and thin[0][1] * start.pipelines[members[0]].num_micro_batches < bound_s
+            )
+            for thinned in (False, True)[: 1 + lean]:
+                trial = start
+                for i, got in zip(members, thin):
+                    pipe = got[0] if thinned else start.pipelines[i]
+                    pipe = _chunked(problem, start, pipe, spec, chunks, split, flip)
+                    if pipe is None:
+                        trial = None
+                        break
+                    trial = _with_pipeline(trial, i, pipe)
+                if trial is not None:
+                    counts = [p.num_micro_batches for p in trial.pipelines]
+                    trial = _settle(problem, trial, counts)
+                yield name, chunks, flip, thinned, trial
+
+
+def _thinned(
+    problem: Problem, plan: Plan, pipe: PipelinePlan, chunks: int, split: Split
+) -> tuple[PipelinePlan, float] | None:
+    """`pipe` without the devices holding fewer layers than `chunks`, its layers re-split
+    over the rest by stage balance under the plan's one-chunk schedule (its memory rule), and
+    its slowest stage's seconds per micro-batch; or None (no such device, fewer than two left,
+    an equal split, or no split fits). The search gives a device one layer where that layer
+    paces the pipeline or fills its memory: at `chunks` stages per device it must take a
+    second layer, doubling its work (T4s beside H100s, V100s beside A100s: every 2-chunk trial
+    of the 1F1B rows of cloud-64, edu-32, gen-32 and mega-1024 in `bench/planner.py`), so the
+    trial also runs without them, leaving them idle."""
+    keep = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] >= chunks]
+    if split != "balanced" or len(keep) == len(pipe.stages) or len(keep) < 2:
+        return None
+    # memoized per shape on the cost model the cuts read, like `_chunked`'s cuts
+    cm = problem.cost_model(plan.train.recompute, shards=plan.optimizer_shards)
+    key = ("thinned", _shape(problem, pipe), chunks)
+    if key not in cm.pipeline_memo:
+        mbs, spec = pipe.micro_batch_size, pipe.schedule_in(plan.train)
+        tables = [stage_tables(cm, cm.layer_costs(problem.cluster.gpu(d), mbs)) for d in keep]
+        bounds = balance_stages(tables, in_flight_per_stage(spec, len(keep)))
+        cm.pipeline_memo[key] = bounds and (
+            bounds,
+            max(float(t.time[a, b]) for t, (a, b) in zip(tables, itertools.pairwise(bounds))),
+        )
+    if cm.pipeline_memo[key] is None:
+        return None
+    bounds, slowest_s = cm.pipeline_memo[key]
+    stages = tuple(_stage(d, a, b) for d, (a, b) in zip(keep, itertools.pairwise(bounds)))
+    return pipe.model_copy(update={"stages": stages}), slowest_s
 
 
 def _all_chunked(
