@@ -211,7 +211,15 @@ def _thinned(
     paces the pipeline or fills its memory: at `chunks` stages per device it must take a
     second layer, doubling its work (T4s beside H100s, V100s beside A100s: every 2-chunk trial
     of the 1F1B rows of cloud-64, edu-32, gen-32 and mega-1024 in `bench/planner.py`), so the
-    trial also runs without them, leaving them idle."""
+    trial also runs without them, leaving them idle.
+
+    Not in an unsharded pass that the targeted ZeRO-1 pass follows (`sharding_mode`
+    "targeted", two or more pipelines): a thinned unsharded win leaves that pass no one-chunk
+    pipeline to start from, where its sharded trials can do better (lab-64 llama2-7b: 82.7
+    against 83.0 samples/s). Thinned pipelines hold the left-out devices' states on fewer
+    devices: sharding is what makes them fit (each gain in docs/benchmarks-planner.md)."""
+    if problem.sharding_mode == "targeted" and plan.sharding == "none" and len(plan.pipelines) > 1:
+        return None
     keep = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] >= chunks]
     if split != "balanced" or len(keep) == len(pipe.stages) or len(keep) < 2:
         return None
