@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Literal
 
@@ -101,17 +101,10 @@ def pass_start(plan: Plan) -> Plan:
     trial recomputed and the split-backward schedules were not tried at all
     (`Problem.schedules_to_try`): edu-32 gpt3-13b, sharded, recomputed on none of its stages
     and on every one of its interleaved trial's."""
-    train = plan.train
-    if not train.recompute:
+    if not plan.train.recompute:
         return plan
-    pipes = tuple(
-        p.model_copy(update={"stages": tuple(
-            st.model_copy(update={"recompute": True if st.recomputes(train) else None})
-            for st in p.stages)})
-        for p in plan.pipelines
-    )  # fmt: skip
-    train = train.model_copy(update={"recompute": False})
-    return plan.model_copy(update={"train": train, "pipelines": pipes})
+    train = plan.train.model_copy(update={"recompute": False})
+    return _retrained(plan, train, lambda st: True if st.recomputes(plan.train) else None)
 
 
 def _with_train(plan: Plan, train: TrainSpec) -> Plan:
@@ -120,9 +113,14 @@ def _with_train(plan: Plan, train: TrainSpec) -> Plan:
     with recomputation."""
     if plan.train == train:
         return plan
+    return _retrained(plan, train, lambda st: st.recomputes(plan.train))
+
+
+def _retrained(plan: Plan, train: TrainSpec, recompute: Callable[[StagePlan], bool | None]) -> Plan:
+    """`plan` under `train`, each stage's recomputation flag set to `recompute(stage)`."""
     pipes = tuple(
         p.model_copy(update={"stages": tuple(
-            st.model_copy(update={"recompute": st.recomputes(plan.train)}) for st in p.stages)})
+            st.model_copy(update={"recompute": recompute(st)}) for st in p.stages)})
         for p in plan.pipelines
     )  # fmt: skip
     return plan.model_copy(update={"train": train, "pipelines": pipes})
