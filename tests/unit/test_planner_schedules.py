@@ -103,3 +103,72 @@ def test_the_pass_bound_is_optimistic(plans):
     assert bound <= choose_schedules(prob, one.plan)[1].iteration_time_s
     # (the search's own plan may come from another layout, the chunk-aware count DP's: this
     # layout's bound does not hold for it)
+
+
+def test_a_plan_recomputing_on_no_stage_is_tried_as_one_without_recomputation(plans):
+    # edu-32 gpt3-13b: ZeRO-1 let every stage drop recomputation, yet the plan-wide flag made
+    # every stage of each chunked trial recompute and kept the split-backward schedules out
+    one, prob, _ = plans
+    base = one.final_plan()
+    assert not base.train.recompute
+    off = tuple(
+        p.model_copy(update={"stages": tuple(
+            st.model_copy(update={"recompute": False}) for st in p.stages)})
+        for p in base.pipelines
+    )  # fmt: skip
+    train = base.train.model_copy(update={"recompute": True})
+    flagged = base.model_copy(update={"train": train, "pipelines": off})
+    assert step_cost(flagged, prob.cost_model(True)) == step_cost(base, prob.cost_model(False))
+    _, want = choose_schedules(prob, base)
+    got_plan, got = choose_schedules(prob, flagged)
+    assert want.iteration_time_s < one.iteration_time_s  # the pass wins here
+    assert got == want
+    assert not any(st.recomputes(got_plan.train) for p in got_plan.pipelines for st in p.stages)
+    assert got_plan.train.recompute  # still says how it was searched; the same cost
+    assert step_cost(got_plan, prob.cost_model(True)) == got
+
+
+def test_a_trial_recomputes_only_on_the_devices_it_overfills():
+    # mixed-8 gpt3-13b: the one-chunk plan's interleaved trial overfills three RTX 4090s by
+    # their activations; searched with recomputation, it recomputes there and nowhere else
+    from hetpp.cost.step import device_memories
+    from hetpp.planner.assemble import evaluate
+    from hetpp.planner.schedules import _costed, group_trials, pass_start
+
+    p = problem(load_cluster(MIXED8), "gpt3-13b", 64, seq=2048, schedules=("interleaved-1f1b",))
+    one = plan(p, "hpp").plan
+    assert len(one.pipelines) == 1 and one.pipelines[0].chunks == 1
+    flagged = one.model_copy(update={"train": one.train.model_copy(update={"recompute": True})})
+    start = pass_start(flagged)
+    assert not start.train.recompute and start.pipelines[0].stages[0].recompute is True
+    one = one.model_copy(update={"train": start.train})  # the trial's stages as searched
+    trial = next(t for *_, thin, t in group_trials(p, one, [0], ("interleaved-1f1b",), "balanced")
+                 if not thin)  # fmt: skip
+    over = {
+        d for d, (m, cap) in device_memories(evaluate(p, trial).stages).items() if m.total > cap
+    }
+    assert over and len(over) < len(trial.pipelines[0].devices)
+    same, cost = _costed(p, trial, float("inf"), may_recompute=False)
+    assert same is trial and cost is None  # refused: it does not fit
+    got, cost = _costed(p, trial, float("inf"), may_recompute=True)
+    assert cost.fits and cost == evaluate(p, got)
+    assert [st.device in over for st in got.pipelines[0].stages] == [
+        bool(st.recompute) for st in got.pipelines[0].stages
+    ]
+
+
+def test_a_trial_leaves_out_the_devices_a_second_chunk_would_slow():
+    # 2 T4s in front of 4 H100s, gpt3-2.7b: the one-chunk split gives each T4 one layer (the
+    # embedding, a block); at 2 chunks each would need a second, so every trial on all six
+    # devices loses to 1F1B. Without the T4s, the H100s under ZB-V are 22% faster.
+    cl = cluster(("T4", 2, 1), ("H100-80GB", 2, 2))
+    base = plan(problem(cl, "gpt3-2.7b", 32, schedules=()), "layer-balanced")
+    (pipe,) = base.plan.pipelines
+    thin = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] < 2]
+    assert {cl.gpu(d).name for d in thin} == {"T4"}
+    p = problem(cl, "gpt3-2.7b", 32, schedules=CHUNKED)
+    got, step = choose_schedules(p, base.plan)
+    assert step.fits and step.iteration_time_s < 0.8 * base.iteration_time_s
+    assert step == step_cost(got, p.cost_model(got.train.recompute))
+    (moved,) = got.pipelines
+    assert moved.chunks == 2 and not set(thin) & set(moved.devices)

@@ -146,6 +146,18 @@ def plan_fits(plan: Plan, cm: CostModel) -> bool:
     return True
 
 
+def overfilled_devices(plan: Plan, cm: CostModel) -> set[int]:
+    """The devices whose stages of `plan` overfill them, from memory alone (as `plan_fits`;
+    not for fully sharded plans)."""
+    shards = plan.optimizer_shards
+    holds = [
+        StageHold(st.device, *row)
+        for pipe in plan.pipelines
+        for st, row in zip(pipe.stages, _pipeline_memory(cm, pipe, shards)[0])
+    ]
+    return {d for d, (m, cap) in device_memories(holds).items() if m.total > cap}
+
+
 def cost_model_for_plan(plan: Plan, profiles=None) -> CostModel:
     """CostModel for the model, settings and cluster a plan names."""
     if plan.cluster is None:

@@ -24,20 +24,27 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Mapping, Sequence
+import math
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Literal
 
 import numpy as np
 
 from hetpp.cost.pipeline import fill_and_beat
-from hetpp.cost.step import StepCost, stage_costs
+from hetpp.cost.step import StepCost, device_memories, overfilled_devices, stage_costs
 from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
-from hetpp.planner.partition import equal_bounds
+from hetpp.planner.partition import (
+    balance_stages,
+    equal_bounds,
+    in_flight_per_stage,
+    stage_tables,
+)
 from hetpp.planner.problem import Problem
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
+from hetpp.specs.trainspec import TrainSpec
 
 Split = Literal["balanced", "equal"]
 CHUNK_COUNTS = {"loop": (2,), "v": (2,)}
@@ -48,37 +55,26 @@ def choose_schedules(
     problem: Problem, plan: Plan, split: Split = "balanced", rebalance: bool = True
 ) -> tuple[Plan, StepCost]:
     """`plan` with each pipeline on the fastest schedule the problem allows, and its cost."""
-    best = evaluate(problem, plan)
-    names = problem.schedules_to_try(plan.train.recompute)
+    best = first = evaluate(problem, plan)
+    first_train = plan.train
+    start = one_chunk = pass_start(plan)
+    names = problem.schedules_to_try(start.train.recompute)
     if not names:
         return plan, best
-    groups: dict[tuple, list[int]] = {}
-    for i, pipe in enumerate(plan.pipelines):
-        if pipe.chunks == 1:
-            groups.setdefault(_shape(problem, pipe), []).append(i)
-    one_chunk = plan
+    groups = shape_groups(problem, start)
+    rc = plan.train.recompute
     # Pipelines of one shape move together: their cuts stay aligned, so the block-wise sync
     # keeps its buckets (one pipeline alone on other cuts would split every block it crosses).
     for members in sorted(groups.values(), key=lambda g: -best.pipeline_time_s[g[0]]):
-        start = plan
-        for name in names:
-            spec = SCHEDULES[name]
-            for chunks, flip in itertools.product(
-                CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
-            ):
-                trial = start
-                for i in members:
-                    pipe = _chunked(problem, start, start.pipelines[i], spec, chunks, split, flip)
-                    if pipe is None:
-                        break
-                    trial = _with_pipeline(trial, i, pipe)
-                else:
-                    trial = _settle(problem, trial, [p.num_micro_batches for p in trial.pipelines])
-                    if trial is None:
-                        continue
-                    cost = evaluate_below(problem, trial, best.iteration_time_s)
-                    if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
-                        plan, best = trial, cost
+        trials = group_trials(problem, start, members, names, split, best.iteration_time_s)
+        for *_, trial in trials:
+            if trial is None:
+                continue
+            trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
+            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                plan, best = trial, cost
+        if best is not first:  # the next shape starts from what won
+            start = plan
     # Every shape at once too: moving one shape alone re-cuts it against the others, which can
     # split the blocks of every bucket over a slow link, while all moved together keep theirs.
     if len(groups) > 1:
@@ -86,9 +82,9 @@ def choose_schedules(
             spec = SCHEDULES[name]
             for chunks in CHUNK_COUNTS[spec.placement]:
                 trial = _all_chunked(problem, one_chunk, groups, spec, chunks, split)
-                cost = (
-                    None if trial is None else evaluate_below(problem, trial, best.iteration_time_s)
-                )
+                if trial is None:
+                    continue
+                trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
                 if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                     plan, best = trial, cost
     if rebalance:
@@ -97,7 +93,158 @@ def choose_schedules(
             cost = evaluate_below(problem, trial, best.iteration_time_s)
             if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
                 plan, best = trial, cost
-    return plan, best
+    return _with_train(plan, first_train), best
+
+
+def pass_start(plan: Plan) -> Plan:
+    """`plan` as the pass tries it: recomputation as a per-stage flag (on where a stage of
+    `plan` recomputes), none plan-wide, so a chunked trial's new stages start without it and
+    get it only where a device overfills (`_costed`). With the plan-wide flag every stage of a
+    trial recomputed and the split-backward schedules were not tried at all
+    (`Problem.schedules_to_try`): edu-32 gpt3-13b, sharded, recomputed on none of its stages
+    and on every one of its interleaved trial's."""
+    if not plan.train.recompute:
+        return plan
+    train = plan.train.model_copy(update={"recompute": False})
+    return _retrained(plan, train, lambda st: True if st.recomputes(plan.train) else None)
+
+
+def _with_train(plan: Plan, train: TrainSpec) -> Plan:
+    """`plan` (a trial from `pass_start`) under the plan-wide settings it started from, each
+    stage's recomputation written out: the same cost, and the plan still says it was searched
+    with recomputation."""
+    if plan.train == train:
+        return plan
+    return _retrained(plan, train, lambda st: st.recomputes(plan.train))
+
+
+def _retrained(plan: Plan, train: TrainSpec, recompute: Callable[[StagePlan], bool | None]) -> Plan:
+    """`plan` under `train`, each stage's recomputation flag set to `recompute(stage)`."""
+    pipes = tuple(
+        p.model_copy(update={"stages": tuple(
+            st.model_copy(update={"recompute": recompute(st)}) for st in p.stages)})
+        for p in plan.pipelines
+    )  # fmt: skip
+    return plan.model_copy(update={"train": train, "pipelines": pipes})
+
+
+def _costed(
+    problem: Problem, trial: Plan, bound_s: float, may_recompute: bool
+) -> tuple[Plan, StepCost | None]:
+    """`trial` and its full cost (None if it does not fit or cannot beat `bound_s`:
+    `evaluate_below`). Where it overfills and `may_recompute` (the plan was searched with
+    recomputation), again with recomputation on every stage of each overfilled device, if none
+    of them runs a split backward (torch's W would recompute each block once per parameter
+    group: `Problem.schedules_to_try`)."""
+    cost = evaluate_below(problem, trial, bound_s)
+    if not may_recompute or (cost is not None and cost.fits):
+        return trial, cost
+    if cost is not None:  # a fully sharded plan is timed before its memory is judged
+        over = {d for d, (m, cap) in device_memories(cost.stages).items() if m.total > cap}
+    else:  # refused unfit before any timing, or by its bound (then nothing overfills)
+        over = overfilled_devices(trial, problem.cost_model(trial.train.recompute, shards=1))
+        if not over:
+            return trial, None
+    pipes = []
+    for pipe in trial.pipelines:
+        if not over.intersection(pipe.devices):
+            pipes.append(pipe)
+            continue
+        if pipe.schedule_in(trial.train).splits_backward:
+            return trial, cost
+        stages = tuple(
+            st.model_copy(update={"recompute": True}) if st.device in over else st
+            for st in pipe.stages
+        )
+        pipes.append(pipe.model_copy(update={"stages": stages}))
+    trial = trial.model_copy(update={"pipelines": tuple(pipes)})
+    return trial, evaluate_below(problem, trial, bound_s)
+
+
+def shape_groups(problem: Problem, plan: Plan) -> dict[tuple, list[int]]:
+    """The plan's one-chunk pipelines by shape (`_shape`): the pass moves each group together."""
+    groups: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        if pipe.chunks == 1:
+            groups.setdefault(_shape(problem, pipe), []).append(i)
+    return groups
+
+
+def group_trials(
+    problem: Problem,
+    start: Plan,
+    members: list[int],
+    names: tuple[str, ...],
+    split: Split,
+    bound_s: float = math.inf,
+) -> Iterator[tuple[str, int, bool, bool, Plan | None]]:
+    """Each trial of the pass for the pipelines `members` of `start` (one shape): schedule,
+    chunks, whether the devices are reversed, whether thinned (`_thinned`; not where its
+    micro-batches at its slowest stage's work already take `bound_s`), and the plan (None
+    where the layers, micro-batch counts or torch's rules do not allow it)."""
+    for name in names:
+        spec = SCHEDULES[name]
+        for chunks, flip in itertools.product(
+            CHUNK_COUNTS[spec.placement], _flips(problem, spec, start.pipelines[members[0]])
+        ):
+            thin = [_thinned(problem, start, start.pipelines[i], chunks, split) for i in members]
+            lean = (
+                thin[0] is not None
+                and thin[0][1] * start.pipelines[members[0]].num_micro_batches < bound_s
+            )
+            for thinned in (False, True)[: 1 + lean]:
+                trial = start
+                for i, got in zip(members, thin):
+                    pipe = got[0] if thinned else start.pipelines[i]
+                    pipe = _chunked(problem, start, pipe, spec, chunks, split, flip)
+                    if pipe is None:
+                        trial = None
+                        break
+                    trial = _with_pipeline(trial, i, pipe)
+                if trial is not None:
+                    counts = [p.num_micro_batches for p in trial.pipelines]
+                    trial = _settle(problem, trial, counts)
+                yield name, chunks, flip, thinned, trial
+
+
+def _thinned(
+    problem: Problem, plan: Plan, pipe: PipelinePlan, chunks: int, split: Split
+) -> tuple[PipelinePlan, float] | None:
+    """`pipe` without the devices holding fewer layers than `chunks`, its layers re-split
+    over the rest by stage balance under the plan's one-chunk schedule (its memory rule), and
+    its slowest stage's seconds per micro-batch; or None (no such device, fewer than two left,
+    an equal split, or no split fits). The search gives a device one layer where that layer
+    paces the pipeline or fills its memory: at `chunks` stages per device it must take a
+    second layer, doubling its work (T4s beside H100s, V100s beside A100s: every 2-chunk trial
+    of the 1F1B rows of cloud-64, edu-32, gen-32 and mega-1024 in `bench/planner.py`), so the
+    trial also runs without them, leaving them idle.
+
+    Not in an unsharded pass that the targeted ZeRO-1 pass follows (`sharding_mode`
+    "targeted", two or more pipelines): a thinned unsharded win leaves that pass no one-chunk
+    pipeline to start from, where its sharded trials can do better (lab-64 llama2-7b: 82.7
+    against 83.0 samples/s). Thinned pipelines hold the left-out devices' states on fewer
+    devices: sharding is what makes them fit (each gain in docs/benchmarks-planner.md)."""
+    if problem.sharding_mode == "targeted" and plan.sharding == "none" and len(plan.pipelines) > 1:
+        return None
+    keep = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] >= chunks]
+    if split != "balanced" or len(keep) == len(pipe.stages) or len(keep) < 2:
+        return None
+    # memoized per shape on the cost model the cuts read, like `_chunked`'s cuts
+    cm = problem.cost_model(plan.train.recompute, shards=plan.optimizer_shards)
+    key = ("thinned", _shape(problem, pipe), chunks)
+    if key not in cm.pipeline_memo:
+        mbs, spec = pipe.micro_batch_size, pipe.schedule_in(plan.train)
+        tables = [stage_tables(cm, cm.layer_costs(problem.cluster.gpu(d), mbs)) for d in keep]
+        bounds = balance_stages(tables, in_flight_per_stage(spec, len(keep)))
+        cm.pipeline_memo[key] = bounds and (
+            bounds,
+            max(float(t.time[a, b]) for t, (a, b) in zip(tables, itertools.pairwise(bounds))),
+        )
+    if cm.pipeline_memo[key] is None:
+        return None
+    bounds, slowest_s = cm.pipeline_memo[key]
+    stages = tuple(_stage(d, a, b) for d, (a, b) in zip(keep, itertools.pairwise(bounds)))
+    return pipe.model_copy(update={"stages": stages}), slowest_s
 
 
 def _all_chunked(

@@ -34,6 +34,7 @@ from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.schedules import choose_schedules
 from hetpp.planner.shapes import Workspace
+from hetpp.specs.plan import Plan
 
 SHARD_GUESSES = (2, 4)
 """Owners per bucket the sharded searches size memory for, as multiples of the unsharded plan's
@@ -138,15 +139,22 @@ def sharded_schedule_pass(problem: Problem, result: PlanResult) -> PlanResult:
     unsharded plan is kept unless a sharded one beats it."""
     if not result.feasible or result.plan.sharding != "none" or len(result.plan.pipelines) < 2:
         return result
-    sharded = sharded_problem(problem)
-    train = result.plan.train.model_copy(update={"master_weights": sharded.train.master_weights})
-    plan = result.plan.model_copy(update={"sharding": "optimizer", "train": train})
-    plan = drop_unneeded_recompute(sharded, plan)
+    sharded, plan = sharded_start(problem, result.plan)
     split, rebalance = SCHEDULE_FREEDOM.get(result.strategy, ("balanced", True))
     plan, step = choose_schedules(sharded, plan, split, rebalance)
     if step.fits and step.iteration_time_s < (1 - TARGETED_MIN_GAIN) * result.iteration_time_s:
         return replace(result, plan=plan, step=step)
     return result
+
+
+def sharded_start(problem: Problem, plan: Plan) -> tuple[Problem, Plan]:
+    """The problem sharded plans are costed with and `plan` marked `optimizer` in its
+    precision, recomputation dropped where a stage fits without it: where the targeted pass
+    starts."""
+    sharded = sharded_problem(problem)
+    train = plan.train.model_copy(update={"master_weights": sharded.train.master_weights})
+    start = plan.model_copy(update={"sharding": "optimizer", "train": train})
+    return sharded, drop_unneeded_recompute(sharded, start)
 
 
 def _none_sharded(note: str, sharded: Problem, tried: list[int]) -> str:
