@@ -6,20 +6,23 @@ import itertools
 import pytest
 
 from hetpp.planner import plan as run_planner
+from hetpp.planner import resplit as resplit_module
 from hetpp.planner.assemble import evaluate
 from hetpp.planner.partition import balance_stages, balance_times, in_flight_per_stage
-from hetpp.planner.resplit import resplit, resplit_if_faster
+from hetpp.planner.resplit import climb, resplit, resplit_if_faster
 from hetpp.planner.shapes import ShapeContext
 from hetpp.planner.sharding import sharded_problem, sharded_schedule_pass
 from hetpp.specs import Cluster, GpuType, NodeGroup
 from tests.unit.planner_cases import problem, small_model
 
 
-def _cluster(fast_gb: float, fast: int, slow: int) -> Cluster:
-    """`fast` fast devices short of memory on one node, `slow` slow roomy ones on another."""
+def _cluster(
+    fast_gb: float, fast: int, slow: int, slow_gb: float = 16.0, slow_tflops: float = 100.0
+) -> Cluster:
+    """`fast` fast devices on one node, `slow` slow ones on another."""
     types = [
         GpuType(name="fast", bf16_tflops=400.0, memory_gb=fast_gb, mem_bw_GBps=2000.0),
-        GpuType(name="slow", bf16_tflops=100.0, memory_gb=16.0, mem_bw_GBps=900.0),
+        GpuType(name="slow", bf16_tflops=slow_tflops, memory_gb=slow_gb, mem_bw_GBps=900.0),
     ]
     return Cluster(
         nodes=[
@@ -102,3 +105,22 @@ def test_balance_times_is_balance_stages_on_masked_tables():
     times = [t.masked_time(load) for t, load in zip(tables, loads)]
     assert balance_times(times) == balance_stages(tables, loads)
     assert balance_times(times, (4,)) == balance_stages(tables, loads, (4,))
+
+
+def test_climb_finds_the_best_chunked_split(monkeypatch):
+    # interleaved 1F1B, a fast device and a slow one with little memory: the pass deals each
+    # device's one-chunk layers over its chunks; one layer moved off the fast device's first
+    # chunk is the best split of all (every cut tried below)
+    cl = _cluster(16.0, 1, 1, slow_gb=4.0, slow_tflops=150.0)
+    spec = small_model(10, 1024, 1024)
+    p = problem(cl, spec, 8, schedules=("interleaved-1f1b",), recompute_mode="off")
+    monkeypatch.setattr(resplit_module, "CLIMB_TRIALS", 0)
+    base = run_planner(p)
+    monkeypatch.undo()
+    assert base.plan.pipelines[0].chunks == 2
+    _, step = climb(p, base.plan, base.step)
+    best = _brute_force(p, base.plan)
+    assert base.iteration_time_s > 1.02 * best
+    assert step.iteration_time_s == pytest.approx(best, rel=1e-12)
+    # and the search runs it
+    assert run_planner(p).iteration_time_s == pytest.approx(best, rel=1e-12)
