@@ -57,7 +57,13 @@ def test_the_default_search_finds_the_exact_chunked_layout_of_4_a100_4_rtx_4090(
         return problem(cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1)), "gpt3-1.3b", 64, seq=2048)
 
     got = plan(p(), "hpp")
-    assert got.iteration_time_s == pytest.approx(search_exact(p()).iteration_time_s, rel=1e-9)
+    exact = search_exact(p()).iteration_time_s
+    # hpp's last pass (`planner.resplit`: cuts moved under the full step cost) goes past the
+    # exact reference's plans (1.10931 s against 1.11267 s); without it the two are equal
+    assert got.iteration_time_s <= exact * (1 + 1e-9)
+    with monkeypatch.context() as m:
+        m.setattr(search, "resplit_if_faster", lambda _, plan, step: (plan, step))
+        assert plan(p(), "hpp").iteration_time_s == pytest.approx(exact, rel=1e-9)
     monkeypatch.setattr(search, "_search_chunked", lambda *a: None)
     assert got.iteration_time_s < plan(p(), "hpp").iteration_time_s * (1 - 0.005)
 

@@ -146,11 +146,16 @@ def balance_stages(
 
     Two dynamic programs over ranges: the first finds the least bottleneck `tau`, the second
     the least total time among splits whose stages all stay within `tau`. O(S L^2), vectorized."""
-    num = tables[0].layer_list_len
-    stages = len(tables)
-    if stages > num:
+    return balance_times([t.masked_time(load) for t, load in zip(tables, loads)], forced)
+
+
+def balance_times(
+    times: Sequence[np.ndarray], forced: Sequence[int] = ()
+) -> tuple[int, ...] | None:
+    """`balance_stages` on each stage's `[a, b]` time table (inf where the range does not fit)."""
+    num = len(times[0]) - 1
+    if len(times) > num:
         return None
-    times = [t.masked_time(load) for t, load in zip(tables, loads)]
     if forced:
         # No stage may straddle a forced cut: [a, b) is out if some cut f has a < f < b.
         mark = np.zeros(num + 1)

@@ -54,6 +54,7 @@ from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
 from hetpp.planner.multisets import branch_and_bound, composition, compositions, count_multisets
 from hetpp.planner.problem import Problem
 from hetpp.planner.refine import estimate, refine
+from hetpp.planner.resplit import resplit_if_faster
 from hetpp.planner.schedules import choose_schedules, pass_bound_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
@@ -166,6 +167,7 @@ def search_hpp(
     finals = []
     for got in [passed, *sorted(chunked, key=lambda r: r.iteration_time_s)[:1]]:
         plan, step = mix_micro_batch_sizes(problem, ws, got.plan, got.step)
+        plan, step = resplit_if_faster(problem, plan, step)
         finals.append(got if step is got.step else PlanResult("hpp", plan, step))
     best = min(finals, key=lambda r: r.iteration_time_s)
     say(1.0, "done")

@@ -32,6 +32,7 @@ from hetpp.planner.baselines import SCHEDULE_FREEDOM
 from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
+from hetpp.planner.resplit import resplit_if_faster
 from hetpp.planner.schedules import choose_schedules
 from hetpp.planner.shapes import Workspace
 from hetpp.specs.plan import Plan
@@ -142,6 +143,8 @@ def sharded_schedule_pass(problem: Problem, result: PlanResult) -> PlanResult:
     sharded, plan = sharded_start(problem, result.plan)
     split, rebalance = SCHEDULE_FREEDOM.get(result.strategy, ("balanced", True))
     plan, step = choose_schedules(sharded, plan, split, rebalance)
+    # the one-chunk pipelines' cuts were made for unsharded memory: split them again for this
+    plan, step = resplit_if_faster(sharded, plan, step, split, rebalance)
     if step.fits and step.iteration_time_s < (1 - TARGETED_MIN_GAIN) * result.iteration_time_s:
         return replace(result, plan=plan, step=step)
     return result

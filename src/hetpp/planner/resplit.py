@@ -1,0 +1,185 @@
+"""Stage balance again on a finished plan, under the plan's own memory.
+
+The search splits a template's layers once, for the memory of its setting: unsharded, with
+recomputation on every stage or on none. ZeRO-1 (`planner.sharding`, `targeted` mode) then
+frees most of each owner's optimizer state without moving a cut, so a sharded plan keeps the
+cuts an unsharded one needed: on edu-32 gpt3-13b its A100-40GB stages stay full at six blocks
+while an A10 holds two blocks and the head and paces the pipeline; on cloud-64 gpt3-13b a T4
+keeps a block the H100s now have room for.
+
+`resplit` runs the stage DP (`partition.balance_times`) again on each one-chunk pipeline shape
+(identical pipelines together, so their cuts and gradient buckets stay aligned), each stage's
+range priced at its device without recomputation where that fits, else (where the problem
+allows recomputation) with it, memory at the plan's optimizer sharding, and deals the batch out
+again (`mixed_mbs.shares`). `resplit_if_faster` keeps the result only where the full step cost
+improves and fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import numpy as np
+
+from hetpp.cost.step import StepCost
+from hetpp.planner.assemble import evaluate_below
+from hetpp.planner.partition import balance_times, in_flight_per_stage, stage_tables
+from hetpp.planner.problem import Problem
+from hetpp.specs.plan import PipelinePlan, Plan
+
+CLIMB_TRIALS = 64
+"""Most single-layer cut moves `climb` costs per plan (each a full step cost where the moved
+pipelines alone do not rule it out): a plan of few shapes settles in a few dozen."""
+
+
+def resplit_if_faster(
+    problem: Problem, plan: Plan, step: StepCost, split: str = "balanced", rebalance: bool = True
+) -> tuple[Plan, StepCost]:
+    """`resplit(plan)` where it fits and is faster, then `climb`, then (with `rebalance`) the
+    batch shared out again: the plan and its cost, `plan` and `step` where nothing helps.
+    `split` and `rebalance` are the strategy's freedom (`baselines.SCHEDULE_FREEDOM`): an
+    equal-layer strategy keeps its split, one of equal batch shares its counts."""
+    from hetpp.planner.mixed_mbs import shares  # mixed_mbs imports the schedule pass
+
+    if split != "balanced" or plan.sharding == "full":
+        return plan, step
+    best = _faster(problem, resplit(problem, plan, rebalance), (plan, step))
+    climbed = climb(problem, *best)
+    if rebalance and climbed is not best:
+        climbed = _faster(problem, shares(problem, climbed[0]), climbed)
+    return climbed
+
+
+def _faster(
+    problem: Problem, trial: Plan | None, best: tuple[Plan, StepCost]
+) -> tuple[Plan, StepCost]:
+    """`trial` and its cost where it fits and beats `best`, else `best`."""
+    cost = None if trial is None else evaluate_below(problem, trial, best[1].iteration_time_s)
+    if cost is not None and cost.fits and cost.iteration_time_s < best[1].iteration_time_s:
+        return trial, cost
+    return best
+
+
+def climb(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan, StepCost]:
+    """Single-layer cut moves under the full step cost, memory included, while one improves
+    (the first found is taken; at most `CLIMB_TRIALS` tried): identical pipelines move
+    together. The DP balances a one-chunk split's busiest stage at the fewest micro-batches;
+    the step also sees the schedule's fill and beat, memory at the plan's micro-batch counts
+    and, for multi-chunk pipelines, the device's chunks together (mixed-8 llama2-7b on zbv:
+    an A100 with 12 blocks and an RTX 4090 with 4, where 11 and 5 fit and run 2.3% faster)."""
+    best = (plan, step)
+    trials = 0
+    moved = True
+    while moved and trials < CLIMB_TRIALS:
+        moved = False
+        for trial in _moves(problem, *best):
+            if trials >= CLIMB_TRIALS:
+                break
+            trials += 1
+            got = _faster(problem, trial, best)
+            if got is not best:
+                best, moved = got, True
+                break
+    return best
+
+
+def _moves(problem: Problem, plan: Plan, step: StepCost) -> Iterator[Plan]:
+    """`plan` with one cut of its slowest pipeline's shape (identical pipelines together)
+    moved by one layer, every way: only that shape's moves can shorten the step before the
+    batch is shared out again."""
+    times = step.pipeline_time_s
+    slowest = plan.pipelines[max(range(len(times)), key=times.__getitem__)]
+    if slowest.has_tp:
+        return
+    key = (_shape(problem, plan, slowest), slowest.num_micro_batches)
+    members = [
+        i
+        for i, pipe in enumerate(plan.pipelines)
+        if (_shape(problem, plan, pipe), pipe.num_micro_batches) == key
+    ]
+    cuts = [slowest.stages[0].layers[0]] + [st.layers[1] for st in slowest.stages]
+    for j, d in itertools.product(range(1, len(cuts) - 1), (-1, 1)):
+        new = list(cuts)
+        new[j] += d
+        if not new[j - 1] < new[j] < new[j + 1]:
+            continue
+        pipes = list(plan.pipelines)
+        for i in members:
+            spans = zip(pipes[i].stages, new, new[1:])
+            moved = tuple(st.model_copy(update={"layers": (a, b)}) for st, a, b in spans)
+            pipes[i] = pipes[i].model_copy(update={"stages": moved})
+        yield plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+
+
+def resplit(problem: Problem, plan: Plan, rebalance: bool = True) -> Plan | None:
+    """`plan` with every one-chunk pipeline shape's layers split again (the module docstring)
+    and, with `rebalance`, its batch shared out again (`mixed_mbs.shares`); None where no cut
+    moves or the batch cannot be shared out."""
+    from hetpp.planner.mixed_mbs import shares  # mixed_mbs imports the schedule pass
+
+    pipes = list(plan.pipelines)
+    done: dict[tuple, PipelinePlan | None] = {}
+    tables: dict[tuple, object] = {}
+    for i, pipe in enumerate(pipes):
+        if pipe.chunks > 1 or pipe.has_tp:
+            continue
+        key = _shape(problem, plan, pipe)
+        if key not in done:
+            done[key] = _split(problem, plan, pipe, tables)
+        got = done[key]
+        if got is not None and _shape(problem, plan, got) != key:
+            # identical pipelines take the same cuts, each on its own devices
+            stages = tuple(
+                new.model_copy(update={"devices": old.devices})
+                for new, old in zip(got.stages, pipe.stages)
+            )
+            pipes[i] = pipe.model_copy(update={"stages": stages})
+    if pipes == list(plan.pipelines):
+        return None
+    trial = plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+    return shares(problem, trial) if rebalance else trial
+
+
+def _shape(problem: Problem, plan: Plan, pipe: PipelinePlan) -> tuple:
+    """What pipelines split alike share: GPU types, layers and recomputation per stage,
+    schedule and micro-batch size."""
+    return (
+        tuple(
+            (problem.cluster.gpu(st.device).name, st.layers, st.recomputes(plan.train))
+            for st in pipe.stages
+        ),
+        pipe.schedule_in(plan.train).name,
+        pipe.micro_batch_size,
+    )
+
+
+def _split(problem: Problem, plan: Plan, pipe: PipelinePlan, tables: dict) -> PipelinePlan | None:
+    """One pipeline's stages split by the DP, recomputing only the stages that need it."""
+    spec = pipe.schedule_in(plan.train)
+    loads = in_flight_per_stage(spec, len(pipe.stages))
+    may_recompute = True in problem.recompute_options()
+    plain, again = [], []
+    for st, load in zip(pipe.stages, loads):
+        gpu = problem.cluster.gpu(st.device)
+        for rc, out in ((False, plain), (True, again)) if may_recompute else ((False, plain),):
+            key = (gpu.name, rc, pipe.micro_batch_size)
+            if key not in tables:
+                cm = problem.cost_model(rc, shards=plan.optimizer_shards)
+                tables[key] = stage_tables(cm, cm.layer_costs(gpu, pipe.micro_batch_size))
+            out.append(tables[key].masked_time(load))
+    # a range's time without recomputation where it fits, else with it (never faster)
+    times = [np.where(np.isfinite(p), p, a) for p, a in zip(plain, again)] if again else plain
+    bounds = balance_times(times)
+    if bounds is None:
+        return None
+
+    def flag(p: np.ndarray, a: int, b: int) -> bool | None:
+        rc = not np.isfinite(p[a, b])
+        return None if rc == plan.train.recompute else rc
+
+    stages = tuple(
+        st.model_copy(update={"layers": (a, b), "recompute": flag(p, a, b)})
+        for st, p, a, b in zip(pipe.stages, plain, bounds, bounds[1:])
+    )
+    return pipe.model_copy(update={"stages": stages})
