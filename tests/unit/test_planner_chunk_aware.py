@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from planner_cases import cluster, problem
 
@@ -11,8 +13,8 @@ import hetpp.planner.search as search
 from hetpp.planner import plan
 from hetpp.planner.assemble import Pipe, build_plan
 from hetpp.planner.exact import search_exact
-from hetpp.planner.shapes import ShapeContext
-from hetpp.planner.variants import best_variant
+from hetpp.planner.shapes import UNBOUNDED, ShapeContext
+from hetpp.planner.variants import VariantRows, best_variant
 from hetpp.specs.schedule import SCHEDULES
 
 
@@ -96,3 +98,60 @@ def test_a_three_type_cluster_takes_the_chunk_aware_count_dp(monkeypatch):
     got = plan(p(), "hpp")
     monkeypatch.setattr(search, "CHUNKED_STATES", 0)
     assert got.iteration_time_s < plan(p(), "hpp").iteration_time_s * (1 - 0.05)
+
+
+@functools.cache
+def default_step_s(counts: tuple[int, int, int]) -> float:
+    """The default search's step on `three_types(*counts)` (shared by the tests below)."""
+    return plan(three_types(*counts), "hpp").iteration_time_s
+
+
+def three_types(a100: int = 4, v100: int = 4, t4: int = 4):
+    groups = (("A100-80GB", a100, 1), ("V100-16GB", v100, 1), ("T4", t4, 1))
+    return problem(cluster(*groups), "gpt3-2.7b", 64, seq=2048)
+
+
+def test_a_dp_answer_s_cheap_rows_are_priced_in_full_with_their_memory_cap():
+    # 2 A100 + 4 T4 + 2 V100 at micro-batch 2 (of 32): the cheap price keeps the one-chunk
+    # memory cap (the whole batch), so ZB-V wins the chunk-aware DP with it; V-placed, it
+    # fits 9 micro-batches, fewer than the 21 its devices' share asks for
+    p = three_types()
+    ctx = ShapeContext(p, False, 2)
+    t = ctx.template((("a100-80gb", 2), ("t4", 4), ("v100-16gb", 2)))
+    table = VariantRows(ctx, [((2, 2, 4), t)], p.micro_batches(2))
+    ((_, cheap),) = table.rows
+    assert table.meaning[0][1] == "zbv" and cheap.hi == UNBOUNDED
+    assert table.price([(cheap, 1)]) and not table.price([(cheap, 1)])
+    full = {name: row for (_, row), (_, name, _) in zip(table.rows, table.meaning)}
+    assert full[None] is t and full["zbv"].hi < 21
+    assert all(not table.price([(row, 1)]) for _, row in table.rows)  # all priced now
+
+
+@pytest.mark.parametrize(
+    ("cluster_counts", "switch"),
+    [
+        # 4 A100 + 4 V100 + 4 T4: 2.3596 s (a ZB-V A100 + 4 V100 beside 3 A100 + 4 T4) when
+        # the answers built were ranked by the cheap price, whose best did not fit memory;
+        # 2.3319 s with the one-chunk Pareto orders only, which drop A100 + V100 + T4 (under
+        # 1F1B it ties A100 + T4 + V100, which V-placed fits 9 micro-batches); priced in full
+        # over every order: 2.2865 s, the exact reference's plan
+        ((4, 4, 4), ("CHUNKED_ROUNDS", 1)),
+        ((4, 4, 4), "pareto orders"),
+        # 3 A100 + 5 V100 + 7 T4 (192 device-count vectors): 2.4016 s without the chunk-aware
+        # DP (past the old limit of 150) or with it at the cheap price, 2.349 s priced in full
+        ((3, 5, 7), ("CHUNKED_ROUNDS", 1)),
+        ((3, 5, 7), ("CHUNKED_STATES", 150)),
+    ],
+)
+def test_the_three_type_chunk_aware_dp_ranks_its_answers_at_their_full_price(
+    monkeypatch, cluster_counts, switch
+):
+    got = default_step_s(cluster_counts)
+    if switch == "pareto orders":
+        orders = ShapeContext.orders
+        monkeypatch.setattr(
+            ShapeContext, "orders", lambda self, c, exhaustive=False: orders(self, c)
+        )
+    else:
+        monkeypatch.setattr(search, *switch)
+    assert got < plan(three_types(*cluster_counts), "hpp").iteration_time_s * (1 - 0.01)
