@@ -12,6 +12,7 @@ import hetpp.planner.schedules as schedules
 import hetpp.planner.search as search
 from hetpp.planner import plan
 from hetpp.planner.assemble import Pipe, build_plan
+from hetpp.planner.candidates import mixed_templates
 from hetpp.planner.exact import search_exact
 from hetpp.planner.shapes import UNBOUNDED, ShapeContext
 from hetpp.planner.variants import VariantRows, best_variant
@@ -155,3 +156,32 @@ def test_the_three_type_chunk_aware_dp_ranks_its_answers_at_their_full_price(
     else:
         monkeypatch.setattr(search, *switch)
     assert got < plan(three_types(*cluster_counts), "hpp").iteration_time_s * (1 - 0.01)
+
+
+def h100_a100():
+    return problem(cluster(("H100-80GB", 8, 2), ("A100-40GB", 8, 2)), "llama3-8b", 256, seq=2048)
+
+
+def test_the_two_type_count_dp_takes_mixes_past_a_type_s_shallowest_depth(monkeypatch):
+    # 16 H100 + 16 A100-40GB, llama3-8b: H100s run alone from 2 devices, yet 4 H100 +
+    # 8 A100-40GB in ZB-V beside two 6 H100 + 4 A100-40GB is the exact reference's plan
+    # (3.0469 s); without mixes past 2 H100 the search ended at 3.2365 s (1F1B pipelines)
+    p = h100_a100()
+    ctx = ShapeContext(p, False, 1)
+    items = search.homogeneous_items(ctx)
+    comps = {tuple(dict(t.runs).get(k, 0) for k in ctx.keys) for t in mixed_templates(ctx, items)}
+    assert (4, 8) not in comps
+    every = mixed_templates(ctx, items, every=True)
+    assert (4, 8) in {tuple(dict(t.runs).get(k, 0) for k in ctx.keys) for t in every}
+    got = plan(h100_a100(), "hpp").iteration_time_s
+
+    def shallow_only(ctx, items, every=False):  # the rule before: a type's count past its
+        # shallowest homogeneous depth only next to a few of the other type within theirs
+        return [
+            t
+            for t in mixed_templates(ctx, items, every)
+            if any(not items[k] or n <= items[k][0].num_stages for k, n in t.runs)
+        ]
+
+    monkeypatch.setattr(search, "mixed_templates", shallow_only)
+    assert got < plan(h100_a100(), "hpp").iteration_time_s * (1 - 0.03)
