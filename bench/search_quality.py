@@ -4,18 +4,22 @@
     .venv/bin/python bench/search_quality.py --cpu-against ebc6d21 [--repeat 3]
 
 On clusters past `search.EXACT_STATES` device-count vectors the default search decomposes
-(per-type knapsack, a few mixed templates, local moves). Two references: hpp's exact path
-(`planner.search._search_exact` on every cluster: exact in one-chunk compute time, its best few
-plans then get the schedule pass) and the exact reference (`planner.exact.search_exact`: the
-count DP over every template and every multi-chunk schedule, so exact in compute time over
-layouts and per-pipeline schedules; it contains the exact path's plans). Per cluster it prints
-the three iteration times, the gap to the exact reference and the search times. Target: the
-default within 1% of exact on every cluster (issue 12). `--cpu-against REF` instead times the
-default search alone in CPU seconds per cluster, in this tree and in `src/` at git commit REF
-side by side (a fresh subprocess per search, old and new alternated, median of `--repeat`).
-`--only SUBSTRING` (repeatable) keeps the clusters whose name ("4x H100-80GB + 60x T4")
-contains any of them, or (digits) whose 0-based index it is; `--plans` prints the default's and the
-exact reference's pipelines too (GPU types in stage order, schedule, micro-batch size x count).
+(per-type knapsack, a few mixed templates, local moves; on three-type clusters of at most
+`search.CHUNKED_STATES`, the chunk-aware count DP over every composition). Two references: hpp's
+exact path (`plan` with `search._search_exact` on every cluster: exact in one-chunk compute
+time, its chunk-aware DP at the cheap price, its best few plans then get the schedule pass and
+the micro-batch size pass) and the exact reference (`planner.exact.search_exact`: the count DP
+over every template and every multi-chunk schedule priced in full, so exact in compute time over
+layouts and per-pipeline schedules at one micro-batch size, plus the exact path as hpp runs it,
+so never above the exact path column; what it does not cover: its module docstring). A negative
+gap means the default found a plan outside what the reference covers. Per cluster it prints the
+three iteration times, the gap to the exact reference and the search times. Target: the default
+within 1% of exact on every cluster (issue 12). `--cpu-against REF` instead times the default
+search alone in CPU seconds per cluster, in this tree and in `src/` at git commit REF side by
+side (a fresh subprocess per search, old and new alternated, median of `--repeat`). `--only
+SUBSTRING` (repeatable) keeps the clusters whose name ("4x H100-80GB + 60x T4") contains any of
+them, or (digits) whose 0-based index it is; `--plans` prints the default's and the exact
+reference's pipelines too (GPU types in stage order, schedule, micro-batch size x count).
 """
 
 from __future__ import annotations

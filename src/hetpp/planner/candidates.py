@@ -75,9 +75,12 @@ def mixed_templates(
         mem_rich, mem_poor = pools[rich].gpu.memory_bytes, pools[poor].gpu.memory_bytes
         if not every and (mem_rich < mem_poor or (mem_rich == mem_poor and rich > poor)):
             continue
-        least_rich = items[rich][0].num_stages if items[rich] else pools[rich].count
+        # beyond its shallowest homogeneous depth a type would run alone, except in the count
+        # DP, where a chunked schedule can make the deeper mix win (16 H100 + 16 A100-40GB:
+        # 4 H100 + 8 A100-40GB in ZB-V, H100 alone from 2)
+        alone = items[rich][0].num_stages if items[rich] and not every else pools[rich].count
         usable_rich = usable_bytes(ctx.tables(rich).capacity, ctx.cm.train)
-        for a in range(1, min(pools[rich].count, MIXED_RICH_MAX, least_rich) + 1):
+        for a in range(1, min(pools[rich].count, MIXED_RICH_MAX, alone) + 1):
             top = min(pools[poor].count, ctx.layer_list_len - a)
             floor = _devices_for(ctx, poor, states - a * usable_rich)
             spread = {c for c in _powers_of_two(top) if c > floor} if items[poor] else set()

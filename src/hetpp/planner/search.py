@@ -58,7 +58,7 @@ from hetpp.planner.resplit import resplit_if_faster
 from hetpp.planner.schedules import choose_schedules, pass_bound_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost, Workspace
 from hetpp.planner.tail import layout_tail
-from hetpp.planner.variants import best_variant, build_scheduled
+from hetpp.planner.variants import VariantRows, build_scheduled
 
 Progress = Callable[[float, str], None]
 """Called with the fraction done (0..1) and what is being searched."""
@@ -83,14 +83,23 @@ a runner-up with more bubble to remove can overtake the best)."""
 OTHER_SETTINGS = 2
 """... and the best plans of at most this many other settings (micro-batch size, recomputation),
 those the pass could at best make the most of (`schedules.pass_bound_s`)."""
-CHUNKED_STATES = 150
+CHUNKED_STATES = 200
 """Clusters of more than two types and at most this many device-count vectors (4 + 4 + 4
-devices: 125) take the chunk-aware count DP over every composition (each in its best few stage
-orders) in the settings that get the layer-balanced shapes. 3 + 5 + 7 (192) would cost 0.5 s
-of templates per setting and found nothing better (docs/benchmarks-search.md)."""
+devices: 125; 3 + 5 + 7: 192) take the chunk-aware count DP over every composition in every
+stage order, its answers' templates priced in full (`PRICED`), in the settings that get the
+layer-balanced shapes. With the cheap price alone 3 + 5 + 7 found nothing better at 200
+(its answers did not fit); priced in full it reaches the exact reference
+(docs/benchmarks-search.md)."""
 CHUNKED_BUILDS = 2
 """Answers of the chunk-aware count DP (`_search_chunked`) built and costed in full, per
 setting (each build costs about as much as a schedule pass)."""
+PRICED = 16
+"""Three-type clusters (`CHUNKED_STATES`): the answers of one solve of the chunk-aware count DP
+whose cheaply priced templates are priced in full before it solves again, ..."""
+CHUNKED_ROUNDS = 12
+"""... at most this many times. Pricing a template in full costs 20-30 ms at 12-16 devices,
+200 ms at 32 (two-type clusters keep the cheap price: 16 H100 + 16 A100-40GB went from 4.6 s
+to 8.5 s CPU with it and found nothing better)."""
 FULL_SETTINGS = 3
 """Large clusters: settings (micro-batch size, recomputation) that get layer-balanced shapes."""
 PAIR_SETTINGS = 1
@@ -161,15 +170,7 @@ def search_hpp(
         problem, inc.results, seeds, list(inc.per_setting.values()), baselines
     )
     say(0.995, "micro-batch size per pipeline")
-    # the pass's plan and the chunk-aware DP's best each get the last pass: it can turn the
-    # order of the two around (ranking them before it made the search slower with the
-    # chunk-aware DP than without on 4 H100 + 60 T4, gpt3-1.3b)
-    finals = []
-    for got in [passed, *sorted(chunked, key=lambda r: r.iteration_time_s)[:1]]:
-        plan, step = mix_micro_batch_sizes(problem, ws, got.plan, got.step)
-        plan, step = resplit_if_faster(problem, plan, step)
-        finals.append(got if step is got.step else PlanResult("hpp", plan, step))
-    best = min(finals, key=lambda r: r.iteration_time_s)
+    best = with_last_passes(problem, ws, [passed, *chunked], "hpp")
     say(1.0, "done")
     notes = [f"the {best.strategy} plan was the best found"] if best.strategy != "hpp" else []
     if stopped:
@@ -177,6 +178,22 @@ def search_hpp(
     plan = best.plan.model_copy(update={"strategy": "hpp"})
     took_s = time.perf_counter() - t0
     return PlanResult("hpp", plan, best.step, took_s, "; ".join(notes), tuple(baselines))
+
+
+def with_last_passes(
+    problem: Problem, ws: Workspace, results: list[PlanResult], strategy: str
+) -> PlanResult:
+    """The fastest of `results[0]` (the schedule pass's plan) and the fastest of the others
+    (the chunk-aware DP's plans) once each has had hpp's last passes, the micro-batch size
+    per pipeline (`mixed_mbs`) and single cut moves under the full step cost (`resplit`): they
+    can turn the order of the two around (ranking them before made the search slower with the
+    chunk-aware DP than without on 4 H100 + 60 T4, gpt3-1.3b)."""
+    finals = []
+    for got in [results[0], *sorted(results[1:], key=lambda r: r.iteration_time_s)[:1]]:
+        plan, step = mix_micro_batch_sizes(problem, ws, got.plan, got.step)
+        plan, step = resplit_if_faster(problem, plan, step)
+        finals.append(got if step is got.step else PlanResult(strategy, plan, step))
+    return min(finals, key=lambda r: r.iteration_time_s)
 
 
 def after_schedule_pass(
@@ -280,38 +297,60 @@ def _search_chunked(
     masks: list[np.ndarray],
     inc: Incumbent,
     found: list[PlanResult],
+    price: bool = False,
 ) -> None:
     """The count DP again with each template at the schedule it runs its share of the batch
-    (in proportion to its devices) fastest under, at a cheap price (`variants.best_variant`),
-    peeled by tail over each of `masks` until the compute time reaches the best estimate so
-    far; the best `CHUNKED_BUILDS` answers by estimate (compute time and tail) that use a
-    multi-chunk schedule are built on their schedules (`variants.build_scheduled`, memory and
-    torch's micro-batch rules included) into `found`. So a layout that only a multi-chunk
-    schedule makes fast (fewer, deeper pipelines) is ranked as it will run, not by its 1F1B
-    bubble. Nothing when no template gains by a schedule."""
-    total = ctx.problem.micro_batches(ctx.mbs)
-    units = sum(ctx.counts)
-    rows = [best_variant(ctx, t, max(1, round(total * sum(c) / units))) for c, t in templates]
-    if all(v[1] is None for _, v in rows):
+    (in proportion to its devices) fastest under, peeled by tail over each of `masks` until
+    the compute time reaches the best estimate so far; the best `CHUNKED_BUILDS` answers by
+    estimate (compute time and tail) that use a multi-chunk schedule are built on their
+    schedules (`variants.build_scheduled`, memory and torch's micro-batch rules included) into
+    `found`. So a layout that only a multi-chunk schedule makes fast (fewer, deeper
+    pipelines) is ranked as it will run, not by its 1F1B bubble. Rows are priced cheaply
+    (`variants.best_variant`); with `price`, the templates the best `PRICED` answers use are
+    then priced in full, memory cap included (`variants.VariantRows`), and the DP solved again
+    until its best answers use no cheap row (at most `CHUNKED_ROUNDS` solves), so the answers
+    built are ranked by what they will cost, not by a price that ignores whether they fit.
+    Nothing when no template gains by a schedule."""
+    # what this setting must beat: the best plan so far (priced: the chunk-aware DP's of
+    # other settings too)
+    bound_s = min([inc.bound, *(r.iteration_time_s for r in found if price)])
+    if price and ideal_time_bound(ctx.problem, ctx.recompute, ctx.mbs) >= bound_s:
         return
-    budget = ctx.problem.schedule_spec.devices_within_batch
-    dp = CountDP([(c, r) for (c, _), (r, _) in zip(templates, rows)], ctx.counts, total, budget)
-    meaning = {id(r): v for r, v in rows}
+    total = ctx.problem.micro_batches(ctx.mbs)
+    table = VariantRows(ctx, templates, total)
+    if not table.chunked:
+        return
+    for solve in range(CHUNKED_ROUNDS if price else 1):
+        ranked = _chunked_answers(ctx, table, masks, bound_s)
+        if not price or solve == CHUNKED_ROUNDS - 1:
+            break
+        if not any([table.price(layout) for layout in ranked[:PRICED]]):
+            break
+    for layout in ranked[:CHUNKED_BUILDS]:
+        got = build_scheduled(ctx, table.of(layout))
+        if got is not None and got.feasible:
+            found.append(got)
+
+
+def _chunked_answers(
+    ctx: ShapeContext, table: VariantRows, masks: list[np.ndarray], bound_s: float
+) -> list[Layout]:
+    """One solve of `_search_chunked`: the count DP over `table`'s rows peeled by tail over
+    each of `masks` (over its templates) until the compute time reaches `bound_s` or the best
+    estimate so far; the answers that use a multi-chunk schedule, best estimate first."""
+    total = ctx.problem.micro_batches(ctx.mbs)
+    dp = CountDP(table.rows, ctx.counts, total, ctx.problem.schedule_spec.devices_within_batch)
+    chunked = {id(r) for (_, r), (_, name, _) in zip(table.rows, table.meaning) if name}
     answers: list[tuple[float, Layout]] = []
 
     def take(layout: Layout) -> None:
-        if any(meaning[id(r)][1] for r, _ in layout):  # the one-chunk DP has the others
+        if any(id(r) in chunked for r, _ in layout):  # the one-chunk DP has the rest
             answers.append((layout_time(layout, total, False) + layout_tail(ctx, layout), layout))
 
-    def bound() -> float:
-        return min([inc.bound, *(e for e, _ in answers)])
-
+    source = np.array(table.source)
     for mask in masks:
-        _peel(ctx, dp, mask, bound, take)
-    for _, layout in sorted(answers, key=lambda x: x[0])[:CHUNKED_BUILDS]:
-        got = build_scheduled(ctx, [(meaning[id(r)], n) for r, n in layout])
-        if got is not None and got.feasible:
-            found.append(got)
+        _peel(ctx, dp, mask[source], lambda: min([bound_s, *(e for e, _ in answers)]), take)
+    return [layout for _, layout in sorted(answers, key=lambda x: x[0])]
 
 
 def _search_pairs(
@@ -382,8 +421,10 @@ def _search_decomposed(
     if mixed == "pairs" and len(ctx.keys) == 2 and states <= PAIR_DP_STATES:
         return _search_pairs(ctx, inc, items, chunked)
     if chunked is not None and mixed == "proportional" and _chunked_dp_fits(ctx, states):
-        every = [(c, t) for c in compositions(ctx) for t in ctx.orders(c)]
-        _search_chunked(ctx, every, _subset_masks(ctx, every), inc, chunked)
+        # every order: the one-chunk order that Pareto-dominates another can be the one that
+        # does not fit once V-placed (its first device holds the first and the last chunk)
+        every = [(c, t) for c in compositions(ctx) for t in ctx.orders(c, exhaustive=True)]
+        _search_chunked(ctx, every, _subset_masks(ctx, every), inc, chunked, price=True)
     templates: list[TemplateCost] = []
     if mixed == "proportional":
         templates = proportional_templates(ctx)

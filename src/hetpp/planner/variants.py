@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, pipeline_done_s, steady_time_s, weight_grad_s
@@ -46,21 +47,32 @@ the bubble-free time (each micro-batch its busiest device's work): no schedule g
 
 def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[TemplateCost, Variant]:
     """The row a count DP should rank `t` by, and what it is: `t` itself, or `t` priced under
-    the multi-chunk schedule that runs `share` micro-batches fastest if one beats it there.
+    the multi-chunk schedule that runs `share` micro-batches fastest if one beats it there
+    (the first of `cheap_variants`)."""
+    got = cheap_variants(ctx, t, share)
+    return (got[0].synced(share), got[0].variant) if got else (t, (t, None, 1))
+
+
+def cheap_variants(
+    ctx: ShapeContext, t: TemplateCost, share: int
+) -> list[tuple[TemplateCost, Variant]]:
+    """`t` priced under each multi-chunk schedule that runs `share` micro-batches faster than
+    its one chunk does, fastest first, as (row, what it is); [] when none does, or when `t` is
+    within `BUBBLE_SHARE` of bubble-free.
 
     The price is cheap, not exact: each device keeps its work per micro-batch (as the pass's
     re-split aims), dealt evenly over its chunks in the schedule's placement; a hop between
     stages on the same device is free, the loop's wrap-around hop costs the template's slowest
     one; fill and beat by the schedule's timing rule; fewest micro-batches of the chunked
-    shape; the one-chunk memory cap (`build_scheduled` checks memory in full)."""
-    own: tuple[TemplateCost, Variant] = (t, (t, None, 1))
+    shape; the one-chunk memory cap (`VariantRows` prices the rows a DP answer uses in full)."""
     problem = ctx.problem
     work = [f + b for f, b in zip(t.fwd_s, t.bwd_s)]
-    if t.time(max(share, t.lo)) <= (1 + BUBBLE_SHARE) * max(share, t.lo) * max(work):
-        return own
-    best, best_s = own, t.time(max(share, t.lo))
+    own_s = t.time(max(share, t.lo))
+    if own_s <= (1 + BUBBLE_SHARE) * max(share, t.lo) * max(work):
+        return []
     num_devices = t.num_stages
     wrap = max(t.comm_s, default=0.0)
+    found = []
     for name in problem.schedules_to_try(ctx.recompute):
         spec = SCHEDULES[name]
         for chunks in CHUNK_COUNTS[spec.placement]:
@@ -84,20 +96,31 @@ def best_variant(ctx: ShapeContext, t: TemplateCost, share: int) -> tuple[Templa
                 continue  # cannot run its share
             fill, beat = fill_and_beat(fwd, bwd, comm, name, num_devices, weight)
             got = steady_time_s(fill, beat, share)
-            if got < best_s:
-                best_s = got
+            if got < own_s:
                 row = replace(t, fill_s=fill, beat_s=beat, lo=lo)
-                best = (row, (t, name, chunks), (fwd, bwd, comm, weight, at))
-    if best is own:
-        return own
-    row, variant, (fwd, bwd, comm, weight, at) = best
-    if SCHEDULES[variant[1]].placement != "loop":
-        # A V's re-split gives each device about its work in time (`schedules._chunked`), not
-        # its layer count dealt over its chunks. Pricing its sync per chunk on the pass's own
-        # cuts was exact on a 2-chunk V but cost 1.21x search CPU and changed no benchmark plan
-        # (docs/benchmarks-planner.md, branch loose), so its one-chunk buckets stand in.
-        return row, variant
-    return _with_chunk_sync(row, variant, fwd, bwd, comm, weight, at, max(share, row.lo)), variant
+                found.append((got, row, (t, name, chunks), (fwd, bwd, comm, weight, at)))
+    found.sort(key=lambda x: x[0])
+    return [Cheap(row, variant, parts) for _, row, variant, parts in found]
+
+
+class Cheap(NamedTuple):
+    """A template priced cheaply under one multi-chunk schedule (`cheap_variants`)."""
+
+    row: TemplateCost
+    """The template with the schedule's fill, beat and fewest micro-batches."""
+    variant: Variant
+    parts: tuple
+    """(forward, backward, transfer, weight-gradient seconds, device) of its chunked stages."""
+
+    def synced(self, share: int) -> TemplateCost:
+        """`row` with its chunks' sync at `share` micro-batches where the placement is a loop
+        (`_with_chunk_sync`). A V's re-split gives each device about its work in time
+        (`schedules._chunked`), not its layer count dealt over its chunks: cuts this price
+        cannot know, so its one-chunk buckets stand in (measured closer on the 3-type bench
+        case than per-chunk guesses)."""
+        if SCHEDULES[self.variant[1]].placement != "loop":
+            return self.row
+        return _with_chunk_sync(self.row, self.variant, *self.parts, max(share, self.row.lo))
 
 
 def _with_chunk_sync(
@@ -119,45 +142,126 @@ def _with_chunk_sync(
     )
 
 
+class VariantRows:
+    """A count DP's rows for templates at the multi-chunk schedule each runs best under,
+    priced cheaply (`best_variant`) until a DP answer uses one, then in full (`priced_variants`:
+    its one chunk and every schedule, memory cap included) and solved again
+    (`search._search_chunked`). The cheap price ignores memory and the re-split's rounding, and
+    under a V placement a template's memory differs from its one-chunk order's (its first
+    device holds the first and the last chunk), so a cheap row can win the DP where its
+    pipeline does not fit its share (4 A100 + 4 V100 + 4 T4: 2 A100 + 4 T4 + 2 V100 in ZB-V
+    fits 9 of 32 micro-batches). Pricing every template in full, as the exact reference does,
+    costs 20-30 ms per template; here only those that answers use are."""
+
+    def __init__(
+        self, ctx: ShapeContext, templates: list[tuple[tuple[int, ...], TemplateCost]], total: int
+    ):
+        self.ctx = ctx
+        self.rows: list[tuple[tuple[int, ...], TemplateCost]] = []
+        """(composition, DP row), as `layout.CountDP` takes them."""
+        self.meaning: list[Variant] = []
+        """What each row is: (one-chunk template, schedule, chunks)."""
+        self.source: list[int] = []
+        """Index in `templates` of each row's template."""
+        self._cheap: list[bool] = []
+        self._templates = templates
+        units = sum(ctx.counts)
+        for i, (c, t) in enumerate(templates):
+            row, what = best_variant(ctx, t, max(1, round(total * sum(c) / units)))
+            self._add(i, row, what, what[1] is not None)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether any row runs a multi-chunk schedule."""
+        return any(name is not None for _, name, _ in self.meaning)
+
+    def of(self, layout: list[tuple[TemplateCost, int]]) -> list[tuple[Variant, int]]:
+        """What a DP answer's rows are, with their counts."""
+        index = {id(r): k for k, (_, r) in enumerate(self.rows)}
+        return [(self.meaning[index[id(r)]], n) for r, n in layout]
+
+    def price(self, layout: list[tuple[TemplateCost, int]]) -> bool:
+        """Price in full the templates of the cheap rows `layout` uses (rows no longer in the
+        table are skipped); whether any was."""
+        used = {id(r) for r, _ in layout}
+        stale = {
+            self.source[k] for k, (_, r) in enumerate(self.rows) if id(r) in used and self._cheap[k]
+        }
+        if not stale:
+            return False
+        keep = [k for k, i in enumerate(self.source) if i not in stale]
+        self.rows, self.meaning, self.source, self._cheap = (
+            [xs[k] for k in keep] for xs in (self.rows, self.meaning, self.source, self._cheap)
+        )
+        for i in sorted(stale):
+            t = self._templates[i][1]
+            for row, name, chunks in priced_variants(self.ctx, t):
+                self._add(i, row, (t, name, chunks), False)
+        return True
+
+    def _add(self, i: int, row: TemplateCost, what: Variant, cheap: bool) -> None:
+        self.rows.append((self._templates[i][0], row))
+        self.meaning.append(what)
+        self.source.append(i)
+        self._cheap.append(cheap)
+
+
 def priced_variants(
     ctx: ShapeContext, t: TemplateCost
 ) -> list[tuple[TemplateCost, str | None, int]]:
-    """`t` as it is, and as each multi-chunk schedule would run it, priced in full: fill, beat,
-    fewest micro-batches and memory cap of the pipeline the schedule pass would re-split, at a
-    representative placement (a plan of the one pipeline: milliseconds per template)."""
+    """`t` as it is, and as each multi-chunk schedule would run it, priced in full
+    (`full_variant`)."""
     out: list[tuple[TemplateCost, str | None, int]] = [(t, None, 1)]
-    problem = ctx.problem
-    if not problem.schedules_to_try(ctx.recompute):
-        return out
-    pipes = layout_pipes(problem, [(t, 1)])
-    total = problem.micro_batches(ctx.mbs)
-    if pipes is None:
-        return out
-    plan = build_plan(problem, ctx.recompute, ctx.mbs, pipes, "hpp", [total])
+    plan = one_pipeline_plan(ctx, t)
     if plan is None:
         return out
-    for name in problem.schedules_to_try(ctx.recompute):
-        spec = SCHEDULES[name]
-        for chunks in CHUNK_COUNTS[spec.placement]:
-            pipe = _chunked(problem, plan, plan.pipelines[0], spec, chunks, "balanced")
-            if pipe is None:
-                continue
-            trial = _with_pipeline(plan, 0, pipe)
-            groups = _groups(problem, trial)
-            if groups is None:
-                continue
-            lo = next(
-                (m for m in range(1, total + 1) if spec.micro_batch_problem(
-                    len(pipe.stages), len(pipe.devices), m) is None),
-                None,
-            )  # fmt: skip
-            hi = None if lo is None else _memory_cap(problem, trial, lo, total)
-            if hi is None:
-                continue
-            g = groups[0]
-            v = replace(t, fill_s=g.fill_s, beat_s=g.beat_s, lo=lo, hi=hi)
-            out.append((v, name, chunks))
+    for name in ctx.problem.schedules_to_try(ctx.recompute):
+        for chunks in CHUNK_COUNTS[SCHEDULES[name].placement]:
+            v = full_variant(ctx, t, plan, name, chunks)
+            if v is not None:
+                out.append((v, name, chunks))
     return out
+
+
+def one_pipeline_plan(ctx: ShapeContext, t: TemplateCost) -> Plan | None:
+    """A plan of `t` alone at a representative placement, taking the whole batch (what
+    `full_variant` re-splits); None where it cannot be placed or built."""
+    problem = ctx.problem
+    if not problem.schedules_to_try(ctx.recompute):
+        return None
+    pipes = layout_pipes(problem, [(t, 1)])
+    if pipes is None:
+        return None
+    total = problem.micro_batches(ctx.mbs)
+    return build_plan(problem, ctx.recompute, ctx.mbs, pipes, "hpp", [total])
+
+
+def full_variant(
+    ctx: ShapeContext, t: TemplateCost, plan: Plan, name: str, chunks: int
+) -> TemplateCost | None:
+    """`t` as schedule `name` at `chunks` chunks would run it, priced in full: fill, beat,
+    fewest micro-batches and memory cap of the pipeline the schedule pass would re-split from
+    `plan` (`one_pipeline_plan`: milliseconds per template and schedule); None where it cannot
+    run."""
+    problem, spec = ctx.problem, SCHEDULES[name]
+    total = problem.micro_batches(ctx.mbs)
+    pipe = _chunked(problem, plan, plan.pipelines[0], spec, chunks, "balanced")
+    if pipe is None:
+        return None
+    trial = _with_pipeline(plan, 0, pipe)
+    groups = _groups(problem, trial)
+    if groups is None:
+        return None
+    lo = next(
+        (m for m in range(1, total + 1) if spec.micro_batch_problem(
+            len(pipe.stages), len(pipe.devices), m) is None),
+        None,
+    )  # fmt: skip
+    hi = None if lo is None else _memory_cap(problem, trial, lo, total)
+    if hi is None:
+        return None
+    g = groups[0]
+    return replace(t, fill_s=g.fill_s, beat_s=g.beat_s, lo=lo, hi=hi)
 
 
 def _memory_cap(problem: Problem, plan: Plan, lo: int, total: int) -> int | None:
