@@ -124,3 +124,25 @@ def test_climb_finds_the_best_chunked_split(monkeypatch):
     assert step.iteration_time_s == pytest.approx(best, rel=1e-12)
     # and the search runs it
     assert run_planner(p).iteration_time_s == pytest.approx(best, rel=1e-12)
+
+
+def test_climb_rules_out_only_moves_the_full_cost_would_refuse(monkeypatch):
+    # `_may_beat` reads the one moved pipeline before the plan is built: every move it rules
+    # out is one `evaluate_below` refuses too (overfills, or cannot beat the step), on the
+    # unclimbed plan of the test above, where some moves win
+    from hetpp.planner.assemble import evaluate_below
+
+    cl = _cluster(16.0, 1, 1, slow_gb=4.0, slow_tflops=150.0)
+    spec = small_model(10, 1024, 1024)
+    p = problem(cl, spec, 8, schedules=("interleaved-1f1b",), recompute_mode="off")
+    monkeypatch.setattr(resplit_module, "CLIMB_TRIALS", 0)
+    base = run_planner(p)
+    best = (base.plan, base.step)
+    verdicts = []
+    for pipe, build in resplit_module._moves(p, *best):
+        kept = resplit_module._may_beat(p, best, pipe)
+        refused = evaluate_below(p, build(), base.iteration_time_s) is None
+        verdicts.append((kept, refused))
+        assert kept or refused
+    assert any(not kept for kept, _ in verdicts)  # the bound rules some out
+    assert any(not refused for _, refused in verdicts)  # and some win

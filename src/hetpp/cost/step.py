@@ -146,6 +146,15 @@ def plan_fits(plan: Plan, cm: CostModel) -> bool:
     return True
 
 
+def pipeline_bound(pipe: PipelinePlan, cm: CostModel, shards: int) -> float | None:
+    """The time of `pipe` in a plan sharded `shards` ways, or None where it does not fit: what
+    `plan_fits` and `stage_costs` say of it, for a caller that changes one pipeline of a plan
+    and can rule the plan out before building it (a step ends no earlier than any pipeline)."""
+    if not _pipeline_memory(cm, pipe, shards)[1]:
+        return None
+    return _pipeline_costs(cm, pipe, 0, shards)[1]
+
+
 def overfilled_devices(plan: Plan, cm: CostModel) -> set[int]:
     """The devices whose stages of `plan` overfill them, from memory alone (as `plan_fits`;
     not for fully sharded plans)."""

@@ -17,12 +17,13 @@ improves and fits.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from hetpp.cost.step import StepCost
+from hetpp.cost.step import StepCost, pipeline_bound
 from hetpp.planner.assemble import evaluate_below
 from hetpp.planner.partition import balance_times, in_flight_per_stage, stage_tables
 from hetpp.planner.problem import Problem
@@ -73,21 +74,37 @@ def climb(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan, StepCost]
     moved = True
     while moved and trials < CLIMB_TRIALS:
         moved = False
-        for trial in _moves(problem, *best):
+        for pipe, build in _moves(problem, *best):
             if trials >= CLIMB_TRIALS:
                 break
             trials += 1
-            got = _faster(problem, trial, best)
+            if not _may_beat(problem, best, pipe):
+                continue
+            got = _faster(problem, build(), best)
             if got is not best:
                 best, moved = got, True
                 break
     return best
 
 
-def _moves(problem: Problem, plan: Plan, step: StepCost) -> Iterator[Plan]:
-    """`plan` with one cut of its slowest pipeline's shape (identical pipelines together)
-    moved by one layer, every way: only that shape's moves can shorten the step before the
-    batch is shared out again."""
+def _may_beat(problem: Problem, best: tuple[Plan, StepCost], pipe: PipelinePlan) -> bool:
+    """Whether a plan of `best`'s with its slowest shape moved to `pipe` could beat it: not
+    where `pipe` overfills or alone takes as long as the step (`evaluate_below`'s own tests,
+    read off the one moved pipeline before its identical copies are built: at 1024 GPUs the
+    copies were most of the climb)."""
+    plan, step = best
+    cm = problem.cost_model(plan.train.recompute, shards=1)
+    time_s = pipeline_bound(pipe, cm, plan.optimizer_shards)
+    return time_s is not None and time_s < step.iteration_time_s
+
+
+def _moves(
+    problem: Problem, plan: Plan, step: StepCost
+) -> Iterator[tuple[PipelinePlan, Callable[[], Plan]]]:
+    """Each way of moving one cut of `plan`'s slowest pipeline shape (identical pipelines
+    together) by one layer: the slowest pipeline moved, and how to build the plan with every
+    member moved. Only that shape's moves can shorten the step before the batch is shared out
+    again."""
     times = step.pipeline_time_s
     slowest = plan.pipelines[max(range(len(times)), key=times.__getitem__)]
     if slowest.has_tp:
@@ -104,12 +121,22 @@ def _moves(problem: Problem, plan: Plan, step: StepCost) -> Iterator[Plan]:
         new[j] += d
         if not new[j - 1] < new[j] < new[j + 1]:
             continue
-        pipes = list(plan.pipelines)
-        for i in members:
-            spans = zip(pipes[i].stages, new, new[1:])
-            moved = tuple(st.model_copy(update={"layers": (a, b)}) for st, a, b in spans)
-            pipes[i] = pipes[i].model_copy(update={"stages": moved})
-        yield plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+        yield _recut(slowest, new), functools.partial(_built, plan, members, tuple(new))
+
+
+def _recut(pipe: PipelinePlan, cuts: Sequence[int]) -> PipelinePlan:
+    """`pipe` with its stages on `cuts`."""
+    spans = zip(pipe.stages, cuts, cuts[1:])
+    moved = tuple(st.model_copy(update={"layers": (a, b)}) for st, a, b in spans)
+    return pipe.model_copy(update={"stages": moved})
+
+
+def _built(plan: Plan, members: list[int], cuts: tuple[int, ...]) -> Plan:
+    """`plan` with each of `members` on `cuts`."""
+    pipes = list(plan.pipelines)
+    for i in members:
+        pipes[i] = _recut(pipes[i], cuts)
+    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
 
 
 def resplit(problem: Problem, plan: Plan, rebalance: bool = True) -> Plan | None:
