@@ -107,16 +107,22 @@ def test_balance_times_is_balance_stages_on_masked_tables():
     assert balance_times(times, (4,)) == balance_stages(tables, loads, (4,))
 
 
+def _unclimbed(monkeypatch):
+    """Interleaved 1F1B on a fast device and a slow one with little memory: the problem and
+    hpp's plan for it without the climb."""
+    cl = _cluster(16.0, 1, 1, slow_gb=4.0, slow_tflops=150.0)
+    spec = small_model(10, 1024, 1024)
+    p = problem(cl, spec, 8, schedules=("interleaved-1f1b",), recompute_mode="off")
+    with monkeypatch.context() as m:
+        m.setattr(resplit_module, "CLIMB_TRIALS", 0)
+        return p, run_planner(p)
+
+
 def test_climb_finds_the_best_chunked_split(monkeypatch):
     # interleaved 1F1B, a fast device and a slow one with little memory: the pass deals each
     # device's one-chunk layers over its chunks; one layer moved off the fast device's first
     # chunk is the best split of all (every cut tried below)
-    cl = _cluster(16.0, 1, 1, slow_gb=4.0, slow_tflops=150.0)
-    spec = small_model(10, 1024, 1024)
-    p = problem(cl, spec, 8, schedules=("interleaved-1f1b",), recompute_mode="off")
-    monkeypatch.setattr(resplit_module, "CLIMB_TRIALS", 0)
-    base = run_planner(p)
-    monkeypatch.undo()
+    p, base = _unclimbed(monkeypatch)
     assert base.plan.pipelines[0].chunks == 2
     _, step = climb(p, base.plan, base.step)
     best = _brute_force(p, base.plan)
@@ -132,11 +138,7 @@ def test_climb_rules_out_only_moves_the_full_cost_would_refuse(monkeypatch):
     # unclimbed plan of the test above, where some moves win
     from hetpp.planner.assemble import evaluate_below
 
-    cl = _cluster(16.0, 1, 1, slow_gb=4.0, slow_tflops=150.0)
-    spec = small_model(10, 1024, 1024)
-    p = problem(cl, spec, 8, schedules=("interleaved-1f1b",), recompute_mode="off")
-    monkeypatch.setattr(resplit_module, "CLIMB_TRIALS", 0)
-    base = run_planner(p)
+    p, base = _unclimbed(monkeypatch)
     best = (base.plan, base.step)
     verdicts = []
     for pipe, build in resplit_module._moves(p, *best):
