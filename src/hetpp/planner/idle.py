@@ -96,15 +96,20 @@ def _idle_trials(problem: Problem, plan: Plan, step: StepCost) -> list[IdleTrial
         if pool.tp > 1 or not ids:
             continue
         tables = {}  # the type's stage tables, per (micro-batch size, optimizer shards)
+        cm = problem.cost_model(plan.train.recompute)
         for depth, mbs in itertools.product(range(1, len(ids) + 1), problem.micro_batch_sizes):
             copies = len(ids) // depth  # as many as the devices make: the same time, more samples
+            costs = cm.layer_costs(pool.gpu, mbs)
+            whole_s = costs.fwd_cum[-1] + costs.bwd_cum[-1]
             # time and memory grow with m: start at the fewest micro-batches that shed enough
             for m in itertools.count(-(-shed // (copies * mbs))):
                 samples = copies * m * mbs
-                if samples >= plan.global_batch:
+                limit_s = pipe_s * (1 - samples / plan.global_batch)
+                # a pipeline's time is at least its whole model, plus (m - 1) x its mean stage
+                if samples >= plan.global_batch or whole_s * (1 + (m - 1) / depth) >= limit_s:
                     break
                 got = _copies(problem, plan, ids, copies, depth, mbs, m, tables)
-                if got is None or got[1] >= pipe_s * (1 - samples / plan.global_batch):
+                if got is None or got[1] >= limit_s:
                     break
                 out.append(IdleTrial(samples, got[1], got[0]))
     return out
