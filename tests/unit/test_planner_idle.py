@@ -4,12 +4,12 @@ than the step, hpp's plan runs one micro-batch through them under GPipe and gets
 
 from __future__ import annotations
 
-from planner_cases import small_model
+from planner_cases import cluster, problem, small_model
 
 from hetpp.planner import Problem, plan, search, sharding, unused_devices
 from hetpp.planner.assemble import evaluate
 from hetpp.planner.idle import with_idle_pipelines
-from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec
+from hetpp.specs import GpuType
 from hetpp.specs.plan import Plan
 
 
@@ -20,27 +20,18 @@ def _problem() -> Problem:
         GpuType(name="big", bf16_tflops=400.0, memory_gb=80.0, mem_bw_GBps=3000.0),
         GpuType(name="small", bf16_tflops=20.0, memory_gb=2.5, mem_bw_GBps=300.0),
     ]
-    cl = Cluster(
-        nodes=[
-            NodeGroup(gpu="big", gpus_per_node=1, count=1, intra_node_GBps=400.0),
-            NodeGroup(gpu="small", gpus_per_node=4, count=1, intra_node_GBps=400.0),
-        ],
-        gpu_types=types,
-        inter_node_GBps=400.0,
-    )
-    spec = small_model(4, 1024)
-    train = TrainSpec(global_batch=8, seq_len=spec.seq_len)
-    return Problem(spec, cl, train, micro_batch_sizes=(1,))
+    cl = cluster(("big", 1, 1), ("small", 4, 1), inter=400.0, gpu_types=types)
+    return problem(cl, small_model(4, 1024), 8, micro_batch_sizes=(1,))
 
 
 def test_idle_devices_run_a_gpipe_pipeline(monkeypatch):
-    problem = _problem()
-    got = plan(problem, "hpp")
+    prob = _problem()
+    got = plan(prob, "hpp")
     idle = [p for p in got.plan.pipelines if p.schedule == "gpipe"]
     assert len(idle) == 1
     # fewer micro-batches than stages: what 1F1B refuses and GPipe takes
     assert idle[0].num_micro_batches < len(idle[0].stages)
-    assert {problem.cluster.gpu(d).name for d in idle[0].devices} == {"small"}
+    assert {prob.cluster.gpu(d).name for d in idle[0].devices} == {"small"}
     assert sum(p.batch for p in got.plan.pipelines) == 8
     assert got.step.fits
     Plan.model_validate(got.plan.model_dump())  # the plan format takes it as it is
@@ -49,12 +40,12 @@ def test_idle_devices_run_a_gpipe_pipeline(monkeypatch):
     for module in (search, sharding):
         monkeypatch.setattr(module, "with_idle_pipelines", lambda problem, plan, step: (plan, step))
     without = plan(_problem(), "hpp")
-    assert set(idle[0].devices) <= set(unused_devices(problem, without.plan))
+    assert set(idle[0].devices) <= set(unused_devices(prob, without.plan))
     assert got.iteration_time_s < 0.95 * without.iteration_time_s
 
 
 def test_pass_keeps_a_plan_it_cannot_improve():
-    problem = _problem()
-    got = plan(problem, "hpp")
-    again = with_idle_pipelines(problem, got.plan, got.step)
+    prob = _problem()
+    got = plan(prob, "hpp")
+    again = with_idle_pipelines(prob, got.plan, got.step)
     assert again[1] is got.step  # a plan with an idle pipeline already is left alone
