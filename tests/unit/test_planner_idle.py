@@ -34,7 +34,7 @@ def test_idle_devices_run_a_gpipe_pipeline(monkeypatch):
     assert {prob.cluster.gpu(d).name for d in idle[0].devices} == {"small"}
     assert sum(p.batch for p in got.plan.pipelines) == 8
     assert got.step.fits
-    Plan.model_validate(got.plan.model_dump())  # the plan format takes it as it is
+    Plan.model_validate(got.plan.model_dump()).validate_plan(prob.cluster)  # torch's rules too
     assert evaluate(_problem(), got.plan).iteration_time_s == got.iteration_time_s
     # without the pass the search leaves those devices idle, and its step is longer
     for module in (search, sharding):
