@@ -49,6 +49,7 @@ from hetpp.planner.candidates import (
     nested_layouts,
     proportional_templates,
 )
+from hetpp.planner.idle import with_idle_pipelines
 from hetpp.planner.layout import CountDP, Layout, TypeKnapsack, layout_time, min_time
 from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
 from hetpp.planner.multisets import branch_and_bound, composition, compositions, count_multisets
@@ -185,12 +186,14 @@ def with_last_passes(
 ) -> PlanResult:
     """The fastest of `results[0]` (the schedule pass's plan) and the fastest of the others
     (the chunk-aware DP's plans) once each has had hpp's last passes, the micro-batch size
-    per pipeline (`mixed_mbs`) and single cut moves under the full step cost (`resplit`): they
-    can turn the order of the two around (ranking them before made the search slower with the
-    chunk-aware DP than without on 4 H100 + 60 T4, gpt3-1.3b)."""
+    per pipeline (`mixed_mbs`), GPipe pipelines on the devices left idle (`idle`) and single
+    cut moves under the full step cost (`resplit`): they can turn the order of the two around
+    (ranking them before made the search slower with the chunk-aware DP than without on 4 H100
+    + 60 T4, gpt3-1.3b)."""
     finals = []
     for got in [results[0], *sorted(results[1:], key=lambda r: r.iteration_time_s)[:1]]:
         plan, step = mix_micro_batch_sizes(problem, ws, got.plan, got.step)
+        plan, step = with_idle_pipelines(problem, plan, step)
         plan, step = resplit_if_faster(problem, plan, step)
         finals.append(got if step is got.step else PlanResult(strategy, plan, step))
     return min(finals, key=lambda r: r.iteration_time_s)

@@ -29,6 +29,7 @@ from dataclasses import replace
 from hetpp.cost.memory import devices_to_hold, model_state_bytes
 from hetpp.planner.assemble import PlanResult, evaluate, unused_devices
 from hetpp.planner.baselines import SCHEDULE_FREEDOM
+from hetpp.planner.idle import with_idle_pipelines
 from hetpp.planner.mixed_mbs import mix_micro_batch_sizes
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
@@ -110,17 +111,18 @@ def _targeted(
 
 
 def _sharded_sizes(problem: Problem, result: PlanResult) -> PlanResult:
-    """hpp's last pass, a micro-batch size per pipeline (`mixed_mbs.mix_micro_batch_sizes`),
-    again on the sharded plan `_targeted` keeps: the memory sharding frees can hold larger
-    micro-batches, where the unsharded pass judged sizes by the unsharded plan's memory. The
-    baselines keep one size per plan (their plan space). Once, on the plan kept (on every
-    candidate it doubled the search on mega-1024), so a sharded plan that misses
-    `TARGETED_MIN_GAIN` without it is not tried. Never slower: the pass keeps the plan unless
-    a trial that fits beats it."""
+    """hpp's last passes, a micro-batch size per pipeline (`mixed_mbs.mix_micro_batch_sizes`)
+    and GPipe pipelines on idle devices (`idle.with_idle_pipelines`), again on the sharded plan
+    `_targeted` keeps: the memory sharding frees can hold larger micro-batches, where the
+    unsharded passes judged by the unsharded plan's memory. The baselines keep one size per
+    plan (their plan space). Once, on the plan kept (on every candidate it doubled the search
+    on mega-1024), so a sharded plan that misses `TARGETED_MIN_GAIN` without it is not tried.
+    Never slower: each pass keeps the plan unless a trial that fits beats it."""
     if result.strategy != "hpp" or not result.feasible or result.plan.sharding != "optimizer":
         return result
     sharded = sharded_problem(problem)
     plan, step = mix_micro_batch_sizes(sharded, Workspace(sharded), result.plan, result.step)
+    plan, step = with_idle_pipelines(sharded, plan, step)
     return result if step is result.step else replace(result, plan=plan, step=step)
 
 
