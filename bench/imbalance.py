@@ -162,6 +162,19 @@ def decompose(problem: Problem, plan_: Plan) -> dict:
     }
 
 
+def hpp_plan(problem: Problem, name: str, plans: str | None) -> Plan:
+    """hpp's plan of `problem`, kept as `plans/name.json` and read back from there (`--plans`;
+    None: searched every time)."""
+    cached = Path(plans) / f"{name}.json" if plans else None
+    if cached and cached.exists():
+        return Plan.model_validate_json(cached.read_text())
+    found = plan(problem, "hpp").plan
+    if cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(found.to_json())
+    return found
+
+
 class _Result:
     """What `step_breakdown` reads of a `PlanResult`."""
 
@@ -205,15 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = Problem(
             spec, cluster, TrainSpec(global_batch=batch, seq_len=seq), sharding_mode="targeted"
         )
-        cached = Path(args.plans) / f"{cluster_file.stem}_{model}.json" if args.plans else None
-        if cached and cached.exists():
-            plan_ = Plan.model_validate_json(cached.read_text())
-        else:
-            plan_ = plan(problem, "hpp").plan
-            if cached:
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                cached.write_text(plan_.to_json())
-        d = decompose(problem, plan_)
+        d = decompose(problem, hpp_plan(problem, f"{cluster_file.stem}_{model}", args.plans))
         b = d["breakdown"]
         print(
             f"\n{cluster_file.stem} {model}: step {d['step_s']:.3f} s, at limit "
