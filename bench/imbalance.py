@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -206,8 +207,10 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def chosen_plans(doc: str, argv: list[str] | None) -> Iterator[tuple[Path, str, Problem, Plan]]:
+    """Per scenario of the suite that `--only` names: its cluster file, model, problem and hpp's
+    plan (kept under `--plans` DIR, `hpp_plan`), for a bench whose description is `doc`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--only", nargs="+", required=True, help="CLUSTER[:MODEL] scenarios")
     ap.add_argument("--plans", help="keep hpp's plans here as JSON and read them back")
     args = ap.parse_args(argv)
@@ -218,7 +221,17 @@ def main(argv: list[str] | None = None) -> int:
         problem = Problem(
             spec, cluster, TrainSpec(global_batch=batch, seq_len=seq), sharding_mode="targeted"
         )
-        d = decompose(problem, hpp_plan(problem, f"{cluster_file.stem}_{model}", args.plans))
+        yield (
+            cluster_file,
+            model,
+            problem,
+            hpp_plan(problem, f"{cluster_file.stem}_{model}", args.plans),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    for cluster_file, model, problem, plan_ in chosen_plans(__doc__, argv):
+        d = decompose(problem, plan_)
         b = d["breakdown"]
         print(
             f"\n{cluster_file.stem} {model}: step {d['step_s']:.3f} s, at limit "

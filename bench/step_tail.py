@@ -17,18 +17,14 @@ long it ran. `--plans DIR` keeps each plan as JSON (`bench/imbalance.py`'s).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from imbalance import hpp_plan
-from planner import _chosen, scenarios
+from imbalance import chosen_plans
 
 from hetpp.cost.step import StepCost, cost_model_for_plan, device_optimizer_time_s, step_cost
-from hetpp.planner import Problem
-from hetpp.specs import TrainSpec, load_cluster, load_model
 from hetpp.specs.plan import Plan
 
 
@@ -42,7 +38,8 @@ def tail_parts(step: StepCost) -> dict[str, float]:
         "buckets": sync_end - compute,
         "norm": norm_end - sync_end,
         "optimizer": step.optimizer_s,
-        "all-gathers": step.iteration_time_s - norm_end - step.optimizer_s,
+        # unsharded: 0 up to rounding (the slowest optimizer step ends the step)
+        "all-gathers": max(0.0, step.iteration_time_s - norm_end - step.optimizer_s),
     }
 
 
@@ -60,17 +57,7 @@ def optimizer_by_type(plan: Plan, step: StepCost) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", required=True, help="CLUSTER[:MODEL] scenarios")
-    ap.add_argument("--plans", help="keep hpp's plans here as JSON and read them back")
-    args = ap.parse_args(argv)
-    for cluster_file, model, batch, seq in scenarios(False):
-        if not _chosen((cluster_file, model), args.only):
-            continue
-        train = TrainSpec(global_batch=batch, seq_len=seq)
-        cluster, spec = load_cluster(cluster_file), load_model(model, seq)
-        problem = Problem(spec, cluster, train, sharding_mode="targeted")
-        plan_ = hpp_plan(problem, f"{cluster_file.stem}_{model}", args.plans)
+    for cluster_file, model, _, plan_ in chosen_plans(__doc__, argv):
         step = step_cost(plan_, cost_model_for_plan(plan_))
         total = step.iteration_time_s
         parts = tail_parts(step)
