@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -162,6 +163,19 @@ def decompose(problem: Problem, plan_: Plan) -> dict:
     }
 
 
+def hpp_plan(problem: Problem, name: str, plans: str | None) -> Plan:
+    """hpp's plan of `problem`, kept as `plans/name.json` and read back from there (`--plans`;
+    None: searched every time)."""
+    cached = Path(plans) / f"{name}.json" if plans else None
+    if cached and cached.exists():
+        return Plan.model_validate_json(cached.read_text())
+    found = plan(problem, "hpp").plan
+    if cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(found.to_json())
+    return found
+
+
 class _Result:
     """What `step_breakdown` reads of a `PlanResult`."""
 
@@ -193,8 +207,10 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def chosen_plans(doc: str, argv: list[str] | None) -> Iterator[tuple[Path, str, Problem, Plan]]:
+    """Per scenario of the suite that `--only` names: its cluster file, model, problem and hpp's
+    plan (kept under `--plans` DIR, `hpp_plan`), for a bench whose description is `doc`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--only", nargs="+", required=True, help="CLUSTER[:MODEL] scenarios")
     ap.add_argument("--plans", help="keep hpp's plans here as JSON and read them back")
     args = ap.parse_args(argv)
@@ -205,14 +221,16 @@ def main(argv: list[str] | None = None) -> int:
         problem = Problem(
             spec, cluster, TrainSpec(global_batch=batch, seq_len=seq), sharding_mode="targeted"
         )
-        cached = Path(args.plans) / f"{cluster_file.stem}_{model}.json" if args.plans else None
-        if cached and cached.exists():
-            plan_ = Plan.model_validate_json(cached.read_text())
-        else:
-            plan_ = plan(problem, "hpp").plan
-            if cached:
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                cached.write_text(plan_.to_json())
+        yield (
+            cluster_file,
+            model,
+            problem,
+            hpp_plan(problem, f"{cluster_file.stem}_{model}", args.plans),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    for cluster_file, model, problem, plan_ in chosen_plans(__doc__, argv):
         d = decompose(problem, plan_)
         b = d["breakdown"]
         print(

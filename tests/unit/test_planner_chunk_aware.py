@@ -63,15 +63,18 @@ def test_the_default_search_finds_the_exact_chunked_layout_of_4_a100_4_rtx_4090(
     exact = search_exact(p()).iteration_time_s
     # the reference runs hpp's last passes too (`search.with_last_passes`); the last one
     # (`planner.resplit`: cuts moved under the full step cost) takes both from 1.11267 s to
-    # 1.10931 s
+    # 1.10931 s (1.10937 s with the gradient norm's all-reduce before the optimizer steps)
     assert got.iteration_time_s == pytest.approx(exact, rel=1e-9)
     with monkeypatch.context() as m:
         m.setattr(search, "resplit_if_faster", lambda _, plan, step: (plan, step))
         unmoved = plan(p(), "hpp").iteration_time_s
         assert unmoved == pytest.approx(search_exact(p()).iteration_time_s, rel=1e-9)
         assert got.iteration_time_s < unmoved * (1 - 0.002)
+    # Without the chunked search the one-chunk path ended at 1.14999 s (9c39789); since the
+    # optimizer steps wait for the gradient norm's all-reduce over every device (branch tail:
+    # the layouts' tails change), it reaches the same 1.10937 s plan.
     monkeypatch.setattr(search, "_search_chunked", lambda *a: None)
-    assert got.iteration_time_s < plan(p(), "hpp").iteration_time_s * (1 - 0.005)
+    assert got.iteration_time_s <= plan(p(), "hpp").iteration_time_s
 
 
 @pytest.mark.parametrize(

@@ -47,13 +47,8 @@ def test_block_allreduce_waits_for_the_slower_pipeline():
     res = simulate_plan(plan, cm)
     tr = res.trace
     assert res.pipeline_time_s == pytest.approx((0.48, 0.60 + 2 * SEND / 1e13))
-    syncs = sorted(
-        zip(
-            tr.index[tr.kind == Kind.SYNC],
-            tr.start[tr.kind == Kind.SYNC],
-            tr.end[tr.kind == Kind.SYNC],
-        )
-    )
+    buckets = (tr.kind == Kind.SYNC) & (tr.index < 2)  # collective 2: the gradient norm's
+    syncs = sorted(zip(tr.index[buckets], tr.start[buckets], tr.end[buckets]))
     # Buckets go latest layers first: [3,6) on devices (0, 3), then [0,3) on devices (0, 2).
     (c0, s0, e0), (_, s0b, _), (c1, s1, e1), _ = syncs
     assert (c0, c1) == (0, 1) and s0 == s0b  # both owners start together
@@ -107,8 +102,9 @@ def test_every_rank_joins_buckets_in_one_order():
     plan = simcases.plan([([(0, ALL)], 4), ([(2, HALF), (3, REST)], 4)])
     programs, collectives = plan_programs(plan, simcases.cost_model(plan))
     orders = [[a.microbatch for a in p.actions if a.kind == "SYNC"] for p in programs]
-    assert orders == [[0, 1], [1], [0]]  # bucket 0 is the later layers [3,6) on devices 0, 3
-    assert [c.members for c in collectives] == [(0, 2), (0, 1)]
+    # bucket 0 is the later layers [3,6) on devices 0, 3; 2 the gradient norm's, on every rank
+    assert orders == [[0, 1, 2], [1, 2], [0, 2]]
+    assert [c.members for c in collectives] == [(0, 2), (0, 1), (0, 1, 2)]
 
 
 def test_realistic_plan_agrees_with_closed_form_and_fits():
@@ -166,13 +162,13 @@ def test_sharded_plan_reduce_scatters_steps_then_all_gathers():
     assert [
         [str(a) for a in p.actions if a.kind in ("SYNC", "OPT", "GATHER")] for p in programs
     ] == [
-        ["0SYNC0", "0SYNC1", "0OPT", "0GATHER2", "0GATHER3"],
-        ["0SYNC1", "0OPT", "0GATHER3"],
-        ["1SYNC0", "1OPT", "1GATHER2"],
+        ["0SYNC0", "0SYNC1", "0SYNC4", "0OPT", "0GATHER2", "0GATHER3"],
+        ["0SYNC1", "0SYNC4", "0OPT", "0GATHER3"],
+        ["1SYNC0", "1SYNC4", "1OPT", "1GATHER2"],
     ]
     plain = plan_programs(base, cm)[1]
-    assert [c.gather for c in collectives] == [False, False, True, True]
-    for rs, ar in zip(collectives, plain):
+    assert [c.gather for c in collectives] == [False, False, True, True, False]
+    for rs, ar in zip(collectives[:2], plain[:2]):  # the buckets
         assert rs.duration_s == pytest.approx(ar.duration_s / 2)  # P = 2, no latency here
     res = simulate_plan(plan, cm)
     tr = res.trace

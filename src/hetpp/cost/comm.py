@@ -5,6 +5,7 @@ knows GPU types and whether a hop or ring leaves a node; a plan knows device ids
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -75,6 +76,13 @@ def ring_pass_time_s(
     each paying the link latency (elementwise over arrays; 0 for one rank)."""
     p = num_ranks
     return (p - 1) / p * num_bytes / link.bw_bytes_per_s + (p - 1) * link.latency_s
+
+
+def scalar_allreduce_time_s(num_ranks: int, link: Link) -> float:
+    """All-reduce of one scalar (the gradient norm) over `num_ranks` ranks whose slowest link is
+    `link`: latency-bound, a reduce up a binary tree and a broadcast down it (what NCCL picks for
+    a few bytes), 2 ceil(log2 P) hops (0 for one rank)."""
+    return 2 * math.ceil(math.log2(num_ranks)) * link.latency_s
 
 
 def allreduce_time_s(

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, ring_pass_time_s
+from hetpp.cost.comm import (
+    allreduce_time_s,
+    group_link,
+    p2p_link,
+    ring_pass_time_s,
+    scalar_allreduce_time_s,
+)
 from hetpp.cost.compute import CostModel, LayerCosts
 from hetpp.cost.fsdp import FsdpStep, fsdp_step
 from hetpp.cost.memory import StageMemory, device_memory, in_flight_counts, stage_memory
@@ -20,7 +26,7 @@ from hetpp.cost.params import (
     tied_copy_params,
 )
 from hetpp.cost.pipeline import pipeline_done_s, placed_stage_times
-from hetpp.cost.sync import finish_step, optimizer_step_s, run_buckets, state_bytes
+from hetpp.cost.sync import finish_step, norm_end_s, optimizer_step_s, run_buckets, state_bytes
 from hetpp.specs.cluster import Link
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
@@ -79,6 +85,8 @@ class StepCost:
     pipeline_time_s: tuple[float, ...]
     buckets: tuple[SyncBucket, ...]
     exposed_sync_s: float
+    """Gradient sync after the slowest pipeline's end: the buckets, then the gradient norm's
+    all-reduce over every device (`hetpp.cost.sync.finish_step`)."""
     optimizer_s: float
     iteration_time_s: float
     global_batch: int
@@ -459,6 +467,13 @@ def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, flo
     return out
 
 
+def norm_allreduce_s(cm: CostModel, devices: tuple[int, ...]) -> float:
+    """The gradient norm's all-reduce over a plan's `devices` (`cost.sync.finish_step`; a TP
+    stage's group counts as its one device here: the tree's depth hardly moves)."""
+    link, ranks = _owners_link(cm, devices)
+    return scalar_allreduce_time_s(ranks, link)
+
+
 def _tied_holders(plan: Plan, cm: CostModel) -> tuple[int, ...]:
     """Tied embedding/head: the ranks holding either copy also sum that matrix's gradient
     (none when untied, or when every pipeline has one stage: the block all-reduce of layer 0
@@ -497,15 +512,15 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     for s in stages:
         own.setdefault(s.device, []).append(s)
     opt = _optimizer_times(cm, own, plan.optimizer_shards)
-    compute_end = max(times)
-    sync_end = max(max(end[d], pipe_end[d]) for d in end)
+    norm_s = norm_allreduce_s(cm, tuple(sorted(end)))
     order = gathers(plan, cm)
-    gathered, done = finish_step(end, pipe_end, opt, [(o, sec) for o, _, _, sec in order])
+    tail = [(o, sec) for o, _, _, sec in order]
+    gathered, done = finish_step(end, pipe_end, opt, tail, norm_s=norm_s)
     return StepCost(
         tuple(stages),
         tuple(times),
         tuple(buckets),
-        max(0.0, sync_end - compute_end),
+        max(0.0, norm_end_s(end, pipe_end, norm_s) - max(times)),
         max(opt.values()),
         max(done.values()),
         plan.global_batch,

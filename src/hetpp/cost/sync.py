@@ -2,7 +2,8 @@
 
 With optimizer sharding (ZeRO-1) a bucket's all-reduce becomes a reduce-scatter (overlapped with
 backward as the all-reduce was), and an all-gather of the updated parameters follows each
-owner's (smaller) optimizer step (`finish_step`).
+owner's (smaller) optimizer step (`finish_step`). No rank steps its optimizer before every rank's
+sync is done: the gradient norm is one all-reduce over all of them (the runtime's).
 
 One timing rule, asked at two levels: `hetpp.cost.step` runs it over a plan's devices, the
 planner's `layout_tail` over (template, stage) groups of a layout it has not placed yet. Owners
@@ -60,15 +61,24 @@ def finish_step(
     pipeline_end: Mapping[K, float],
     optimizer_s: Mapping[K, float],
     gathers: Sequence[tuple[Sequence[K], float]] = (),
+    *,
+    norm_s: float,
 ) -> tuple[list[tuple[float, float, float]], dict[K, float]]:
-    """After the sync: every rank, once its pipeline has ended and its buckets are done, steps
-    its optimizer; with optimizer sharding the owners of each bucket then all-gather its updated
-    parameters (`gathers`, `(owners, seconds)` in bucket order, timed as `run_buckets`). The
-    all-gathers are on the critical path: the next step's forward needs the parameters (they
-    are not overlapped with it). Returns the gathers' (ready, start, end) and when each rank is
-    done."""
-    stepped = {k: max(free[k], pipeline_end[k]) + optimizer_s[k] for k in free}
-    return run_buckets(gathers, stepped)
+    """After the sync: the gradient norm (measured every step, for clipping and as a metric:
+    `runtime.gradsync.GradSync.clip`) is one all-reduce over every rank (`norm_s`), which starts
+    once the last rank's pipeline has ended and its buckets are done; only then does any rank
+    step its optimizer. With optimizer sharding the owners of each bucket then all-gather its
+    updated parameters (`gathers`, `(owners, seconds)` in bucket order, timed as
+    `run_buckets`). The all-gathers are on the critical path: the next step's forward needs the
+    parameters (they are not overlapped with it). Returns the gathers' (ready, start, end) and
+    when each rank is done."""
+    norm_end = norm_end_s(free, pipeline_end, norm_s)
+    return run_buckets(gathers, {k: norm_end + optimizer_s[k] for k in free})
+
+
+def norm_end_s(free: Mapping[K, float], pipeline_end: Mapping[K, float], norm_s: float) -> float:
+    """When the gradient norm's all-reduce over every rank ends (`finish_step`)."""
+    return max([max(free[k], pipeline_end[k]) for k in free]) + norm_s
 
 
 def step_end_s(
@@ -76,7 +86,9 @@ def step_end_s(
     pipeline_end: Mapping[K, float],
     optimizer_s: Mapping[K, float],
     gathers: Sequence[tuple[Sequence[K], float]] = (),
+    *,
+    norm_s: float,
 ) -> float:
     """When the step ends: the last rank done with its optimizer step (and, sharded, its
     all-gathers; `finish_step`)."""
-    return max(finish_step(free, pipeline_end, optimizer_s, gathers)[1].values())
+    return max(finish_step(free, pipeline_end, optimizer_s, gathers, norm_s=norm_s)[1].values())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from hetpp.cost.comm import allreduce_time_s, ring_link, ring_pass_time_s
+from hetpp.cost.comm import allreduce_time_s, ring_link, ring_pass_time_s, scalar_allreduce_time_s
 from hetpp.cost.params import tied_copy_params
 from hetpp.cost.sync import run_buckets, step_end_s
 from hetpp.planner.shapes import ShapeContext, TemplateCost
@@ -26,8 +26,9 @@ standing for that device."""
 
 
 def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> float:
-    """Seconds from the end of the slowest pipeline to the end of the step (sync + optimizer),
-    assuming every pipeline ends together (data balance makes them nearly so). A template
+    """Seconds from the end of the slowest pipeline to the end of the step (sync, the gradient
+    norm's all-reduce over every device, optimizer), assuming every pipeline ends together
+    (data balance makes them nearly so). A template
     priced under a multi-chunk schedule has a bucket per chunk, ready when that chunk's
     gradients are final (`TemplateCost.sync_stages`), as `hetpp.cost.step.sync_buckets`."""
     train = ctx.cm.train
@@ -80,7 +81,9 @@ def layout_tail(ctx: ShapeContext, layout: list[tuple[TemplateCost, int]]) -> fl
     ready += [max([done[o] for o in own]) for own, _ in tied]
     _, free = run_buckets(order, done, ready)
     opt = {(i, s): x for i, (t, _) in enumerate(layout) for s, x in enumerate(t.opt_s)}
-    return step_end_s(free, dict.fromkeys(free, 0.0), opt, gathers)
+    ranks = sum(n * len(set(t.sync_stages[1])) for t, n in layout)  # the norm's: every device
+    norm_s = scalar_allreduce_time_s(ranks, link)
+    return step_end_s(free, dict.fromkeys(free, 0.0), opt, gathers, norm_s=norm_s)
 
 
 def _tied(ctx: ShapeContext, layout, link: Link) -> list[tuple[list[Group], float]]:

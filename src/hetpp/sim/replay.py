@@ -18,6 +18,7 @@ from hetpp.cost.step import (
     StageCost,
     device_optimizer_time_s,
     gathers,
+    norm_allreduce_s,
     stage_costs,
     stage_layer_costs,
     sync_buckets,
@@ -118,7 +119,8 @@ def plan_programs(
     plan: Plan, cm: CostModel, stages: list[StageCost] | None = None
 ) -> tuple[list[RankProgram], list[Collective]]:
     """Every rank's program (pipeline by pipeline, device by device) and its collectives: the
-    gradient all-reduces (sharded: reduce-scatters), then the sharded buckets' all-gathers."""
+    gradient all-reduces (sharded: reduce-scatters), then the sharded buckets' all-gathers, then
+    the gradient norm's all-reduce over every rank."""
     if stages is None:
         stages, _ = stage_costs(plan, cm)
     rank_of = {}
@@ -135,6 +137,11 @@ def plan_programs(
         for b in sync_buckets(plan, cm, stages)
     ]
     order += [(owners, seconds, None) for owners, _, _, seconds in gathers(plan, cm)]
+    # Last, the gradient norm's all-reduce over every rank, after its buckets (`finish_step`):
+    # a SYNC after all its compute, which its optimizer step waits for.
+    if len(rank_of) > 1:
+        every = tuple(sorted(rank_of))
+        order.append((every, norm_allreduce_s(cm, every), (None,) * len(every)))
     for c, (owners, seconds, own) in enumerate(order):
         members = tuple(rank_of[d] for d in owners)
         collectives.append(Collective(members, seconds, own is None))
