@@ -41,7 +41,8 @@ def test_idle_devices_run_a_gpipe_pipeline(monkeypatch):
         monkeypatch.setattr(module, "with_idle_pipelines", lambda problem, plan, step: (plan, step))
     without = plan(_problem(), "hpp")
     assert set(idle[0].devices) <= set(unused_devices(prob, without.plan))
-    assert got.iteration_time_s < 0.95 * without.iteration_time_s
+    # 4.5% with the gradient norm's all-reduce before every optimizer step (5% before it)
+    assert got.iteration_time_s < 0.99 * without.iteration_time_s
 
 
 def test_pass_keeps_a_plan_it_cannot_improve():
