@@ -47,7 +47,7 @@ from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 Split = Literal["balanced", "equal"]
-CHUNK_COUNTS = {"loop": (2,), "v": (2,)}
+CHUNK_COUNTS = {"one": (1,), "loop": (2,), "v": (2,)}
 """Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory)."""
 
 
@@ -389,12 +389,12 @@ def _kept_counts_bounds(
     """Loop placement: each device keeps as many layers as it has in `pipe`, dealt over its
     chunks as evenly as they go (the earlier chunks take the odd ones), so every device's work
     per micro-batch, and the first and last layers' devices, stay what the search balanced
-    (a time share per chunk would round 3 layers to 2 or 4 at 2 chunks). A device with fewer
-    layers than chunks (the embedding alone, say) takes the missing ones from the device with
-    the most. None for the V placement (its last stage is on the first device) or fewer layers
-    than stages."""
+    (a time share per chunk would round 3 layers to 2 or 4 at 2 chunks; one stage per device,
+    zbh1: `pipe`'s own cuts). A device with fewer layers than chunks (the embedding alone, say)
+    takes the missing ones from the device with the most. None for the V placement (its last
+    stage is on the first device) or fewer layers than stages."""
     counts = [st.layers[1] - st.layers[0] for st in pipe.stages]
-    if spec.placement != "loop" or sum(counts) < chunks * len(counts):
+    if spec.placement == "v" or sum(counts) < chunks * len(counts):
         return None
     for d in range(len(counts)):
         while counts[d] < chunks:
