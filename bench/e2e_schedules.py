@@ -73,7 +73,7 @@ def multi_chunk(p: Plan, schedule: str) -> Plan:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mix", default="demo", choices=[m.name for m in MIXES])
-    multi = [name for name, s in SCHEDULES.items() if s.executable and s.placement != "one"]
+    multi = [name for name, s in SCHEDULES.items() if s.executable and s.multi_stage]
     ap.add_argument("--schedule", default="zbv", choices=multi)
     ap.add_argument("--recut", action="store_true", help="re-cut the 1F1B plan for --schedule")
     ap.add_argument("--steps", type=int, default=7, help=f"steps per run ({WARMUP_STEPS} warm-up)")

@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         help="optimizer sharding every strategy may use (default targeted, hetpp plan's)",
     )
     args = ap.parse_args(argv)
-    chunked = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
+    chunked = tuple(n for n, s in SCHEDULES.items() if s.multi_stage)
     schedules = chunked if args.schedules is None else tuple(args.schedules)
     chosen = [x for x in scenarios(args.quick) if _chosen(x, args.only)]
     if not chosen:

@@ -31,7 +31,7 @@ import yaml
 from torch.distributed import pipelining
 from torch.distributed.pipelining._utils import generate_rank_to_stage_mapping
 
-from hetpp.cost.memory import recv_buffer_counts
+from hetpp.cost.memory import TABLE_CHUNKS, recv_buffer_counts
 from hetpp.planner import Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.assemble import evaluate
 from hetpp.planner.schedules import CHUNK_COUNTS, _all_chunked, _shape
@@ -100,19 +100,20 @@ def live_buffers(name: str, num_ranks: int, chunks: int, m: int, defer: bool = F
 
 
 def table_entry(name: str, num_ranks: int) -> dict:
-    """`live_counts` at 2 chunks for every m torch runs, up to `TABLE_CHECKED_M` micro-batches
-    past the last m where a count changes; stored up to that last change (beyond it every m
-    counts the same)."""
+    """`live_counts` at the table's chunks (`TABLE_CHUNKS`) for every m torch runs, up to
+    `TABLE_CHECKED_M` micro-batches past the last m where a count changes; stored up to that
+    last change (beyond it every m counts the same)."""
     spec, rows = SCHEDULES[name], {}
+    chunks = TABLE_CHUNKS[spec.placement]
     m, last_change, prev = 0, 0, None
     while (
         m < max(num_ranks * num_ranks, 4 * num_ranks) + TABLE_CHECKED_M
         or m < last_change + TABLE_CHECKED_M
     ):
         m += 1
-        if spec.micro_batch_problem(2 * num_ranks, num_ranks, m) is not None:
+        if spec.micro_batch_problem(chunks * num_ranks, num_ranks, m) is not None:
             continue
-        rows[m] = live_counts(name, num_ranks, 2, m)
+        rows[m] = live_counts(name, num_ranks, chunks, m)
         if rows[m] != prev:
             last_change, prev = m, rows[m]
     return {str(k): [list(c) for c in v] for k, v in rows.items() if k <= last_change}
@@ -123,23 +124,24 @@ def write_table(path: Path) -> None:
     table = {
         name: {str(d): table_entry(name, d) for d in range(1, TABLE_MAX_DEVICES + 1)}
         for name, spec in SCHEDULES.items()
-        if spec.placement != "one"
+        if spec.multi_stage
     }
     path.write_text(json.dumps(table, separators=(",", ":")) + "\n")
 
 
 def print_counts() -> None:
-    """Per multi-chunk schedule, 2 chunks: each stage's live buffers, as lowered and deferred,
-    against the 2m (m on the first and last stage) charged today."""
+    """Per multi-stage schedule at its table's chunks: each stage's live buffers, as lowered
+    and deferred, against the 2m (m on the first and last stage) charged today."""
     print("| schedule | devices | m | live per stage (lowered) | deferred | charged |")
     for name, spec in SCHEDULES.items():
         for d in (2, 4):
             for m in (4, 8, 16):
-                if spec.placement == "one" or spec.micro_batch_problem(2 * d, d, m):
+                c = TABLE_CHUNKS[spec.placement]
+                if not spec.multi_stage or spec.micro_batch_problem(c * d, d, m):
                     continue
-                live, late = live_buffers(name, d, 2, m), live_buffers(name, d, 2, m, True)
-                row = [" ".join(str(c[s]) for s in range(2 * d)) for c in (live, late)]
-                charged = " ".join(str(m * ((s > 0) + (s < 2 * d - 1))) for s in range(2 * d))
+                live, late = live_buffers(name, d, c, m), live_buffers(name, d, c, m, True)
+                row = [" ".join(str(x[s]) for s in range(c * d)) for x in (live, late)]
+                charged = " ".join(str(m * ((s > 0) + (s < c * d - 1))) for s in range(c * d))
                 print(f"| {name} | {d} | {m} | {row[0]} | {row[1]} | {charged} |")
 
 

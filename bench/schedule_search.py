@@ -34,7 +34,7 @@ DEFAULT = [
     "dc-128.yaml:llama2-7b:512",
     "mega-1024.yaml:gpt3-13b:4096",
 ]
-CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
+CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.multi_stage)
 
 
 def _problem(item: str, schedules: tuple[str, ...]) -> Problem:

@@ -80,6 +80,8 @@ def _verdict(problem: Problem, final: Plan, base: StepCost, trial: Plan | None) 
     rc = sum(st.recompute is True for p in trial.pipelines for st in p.stages if p.chunks > 1)
     if rc:
         print(f"      (recomputes {rc} chunked stages)")
+    if step is None:  # `evaluate_below` refuses a plan that overfills before timing it
+        return "overfills (refused before timing)"
     if not step.fits:
         return _memory_verdict(base, step)
     a, b = _parts(final, base), _parts(trial, step)

@@ -189,6 +189,29 @@ CASES = {
         "1f1b",
         {"fp64": True},
     ),
+    # ZB-H1 (zbh1: one stage per device, split backwards, rank r's Ws deferred by r) beside
+    # 1F1B and interleaved zero-bubble: three shapes, three schedules; the tied embedding and
+    # head on the first and last of its ranks; clipping needs its Ws done before the sync.
+    "gpt-3pipes-zbh1x4+1f1b2+izb2x2-clip": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 2, 3], [0, 1, 3, 5, 6], 1, 4, schedule="zbh1"),
+            pipeline([4, 5], [0, 3, 6], 2, 2),
+            pipeline([6, 7, 6, 7], [0, 1, 3, 5, 6], 1, 4, schedule="interleaved-zb"),
+        ],
+        "1f1b",
+        {"fp64": True, "clip_grad": 0.05},
+    ),
+    # ZB-H1 over three ranks with more micro-batches than ranks (two rounds) beside GPipe.
+    "llama-2pipes-zbh1x3+gpipe2": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 2], [0, 2, 4, 6], 1, 6, schedule="zbh1"),
+            pipeline([3, 4], [0, 3, 6], 2, 2, schedule="gpipe"),
+        ],
+        "1f1b",
+        {"fp64": True},
+    ),
     "gpt-2pipes-3+1-fp16-gpipe": (
         "tiny-gpt",
         [pipeline([0, 1, 2], [0, 2, 4, 6], 1, 4), pipeline([3], [0, 6], 2, 2)],

@@ -16,7 +16,9 @@ from hetpp.sim import simulate_pipeline
 from hetpp.sim.trace import COMPUTE
 from hetpp.specs.schedule import SCHEDULES
 
-MULTI = [n for n, s in SCHEDULES.items() if s.placement != "one"]
+MULTI = [n for n, s in SCHEDULES.items() if s.multi_stage]
+CHUNKS = {"one": (1,), "loop": (2, 3), "v": (2,)}
+"""Chunk counts checked per placement."""
 
 
 def _hops(name: str, num_devices: int, chunks: int, slow_s: float) -> list[float]:
@@ -45,9 +47,8 @@ def test_the_action_graph_is_the_replay(name):
     # 1-3 chunks, a slow hop or none, every m torch takes up to 12: the longest path is the
     # simulator's time, and each device's end its last compute step's
     spec, rng = SCHEDULES[name], np.random.default_rng(7)
-    chunk_counts = {"one": (1,), "loop": (2, 3), "v": (2,)}[spec.placement]
     for num_devices in (1, 2, 3, 4):
-        for chunks in chunk_counts:
+        for chunks in CHUNKS[spec.placement]:
             for slow_s in (0.0, 0.8):
                 f, b, c, w = _random_pipeline(rng, name, num_devices, chunks, slow_s)
                 for m in range(1, 13):
@@ -65,12 +66,14 @@ def test_multi_chunk_time_and_grads_final_are_the_graphs(name):
     # what the step cost reads: the pipeline's time, and per stage when its gradients are final
     # (never after its device's end; on the device's last stage exactly then)
     spec, rng = SCHEDULES[name], np.random.default_rng(3)
-    f, b, c, w = _random_pipeline(rng, name, 3, 2, 0.8)
-    ends = path_ends_s(f, b, c, 7, name, 3, w)
-    total, done = pipeline_done_s(f, b, c, 7, name, 3, w)
-    assert total == pipeline_time_s(f, b, c, 7, name, 3, w) == ends.devices_s.max()
+    chunks = CHUNKS[spec.placement][0]
+    f, b, c, w = _random_pipeline(rng, name, 3, chunks, 0.8)
+    m = 7  # the graph runs any m (torch's rounds rule aside)
+    ends = path_ends_s(f, b, c, m, name, 3, w)
+    total, done = pipeline_done_s(f, b, c, m, name, 3, w)
+    assert total == pipeline_time_s(f, b, c, m, name, 3, w) == ends.devices_s.max()
     assert done == ends.grads_final_s.tolist()
-    device = [ends.devices_s[spec.device_index(s, 3)] for s in range(6)]
+    device = [ends.devices_s[spec.device_index(s, 3)] for s in range(3 * chunks)]
     assert all(d <= e for d, e in zip(done, device))
     assert max(done) == total
 

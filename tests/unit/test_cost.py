@@ -6,7 +6,7 @@ import pytest
 
 from hetpp.cost.comm import allreduce_time_s, group_link, p2p_link, p2p_time_s
 from hetpp.cost.compute import CostModel
-from hetpp.cost.memory import stage_memory
+from hetpp.cost.memory import recv_buffer_counts, stage_memory
 from hetpp.cost.params import stage_params
 from hetpp.cost.pipeline import backward_done_s, pipeline_time_s
 from hetpp.cost.step import cost_model_for_plan, step_cost
@@ -72,6 +72,18 @@ def test_in_flight_and_fewest_micro_batches_1f1b_and_gpipe():
     assert one.in_flight(0, 4, 2) == 2
     assert gpipe.in_flight(3, 4, 8) == 8
     assert (one.min_micro_batches(4), gpipe.min_micro_batches(4)) == (4, 1)
+
+
+def test_zbh1_holds_as_many_micro_batches_as_stages_on_every_stage():
+    # torch's ZB1P at one chunk: rank r warms up with S - r - 1 forwards like 1F1B, then defers
+    # its Ws by r micro-batches, and a micro-batch is held until its W: S on every stage (1F1B:
+    # S - s). Its receive buffers are torch's lowered IR's, not 1F1B's one per in-flight.
+    spec = SCHEDULES["zbh1"]
+    assert [spec.in_flight(s, 4, 8) for s in range(4)] == [4, 4, 4, 4]
+    assert [spec.in_flight(s, 4, 3) for s in range(4)] == [3, 3, 3, 3]
+    assert [recv_buffer_counts(spec, 4, 8, s, 4, 4) for s in range(4)] == [
+        (0, 1), (5, 2), (5, 3), (5, 0)
+    ]  # fmt: skip
 
 
 def test_tied_head_stores_a_copy_unless_with_embedding():

@@ -17,6 +17,7 @@ from hetpp.specs.plan import PipelinePlan, StagePlan
 from hetpp.specs.schedule import SCHEDULES
 
 CHUNKED = tuple(n for n, s in SCHEDULES.items() if s.placement != "one")
+MULTI = tuple(n for n, s in SCHEDULES.items() if s.multi_stage)
 MIXED8 = Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "mixed-8.yaml"
 
 
@@ -66,10 +67,12 @@ def test_the_search_keeps_a_one_chunk_base_schedule():
     cl = cluster(("A100-80GB", 2, 1))
     with pytest.raises(SpecError, match="schedule: the planner shapes pipelines under a one-chunk"):
         _with_base("zbv", cl)
-    with pytest.raises(SpecError, match="schedules: '1f1b' is not a multi-chunk schedule"):
+    with pytest.raises(SpecError, match="schedule: the planner shapes pipelines under a one-chunk"):
+        _with_base("zbh1", cl)
+    with pytest.raises(SpecError, match="schedules: '1f1b' is not a per-pipeline schedule"):
         problem(cl, "gpt3-1.3b", 8, schedules=("1f1b",))
     # by default only what the runtime executes
-    expect = tuple(n for n in CHUNKED if SCHEDULES[n].executable)
+    expect = tuple(n for n in MULTI if SCHEDULES[n].executable)
     assert problem(cl, "gpt3-1.3b", 8).chunked_schedules == expect
 
 
@@ -172,3 +175,18 @@ def test_a_trial_leaves_out_the_devices_a_second_chunk_would_slow():
     assert step == step_cost(got, p.cost_model(got.train.recompute))
     (moved,) = got.pipelines
     assert moved.chunks == 2 and not set(thin) & set(moved.devices)
+
+
+def test_the_pass_gives_a_one_chunk_pipeline_zbh1_where_a_second_chunk_doubles_a_slow_layer():
+    # llama2-7b on 2 T4 + 2 L4 + 2 A100-40GB + 2 H100 (cloud-64's pipeline): each T4 holds one
+    # layer, so every 2-chunk trial doubles its work. ZB-H1 keeps the cuts, and its deferred
+    # weight-grads fill 1F1B's drain.
+    cl = cluster(("T4", 2, 1), ("L4", 2, 1), ("A100-40GB", 2, 1), ("H100-80GB", 2, 1))
+    others = tuple(n for n in problem(cl, "llama2-7b", 32).chunked_schedules if n != "zbh1")
+    with_it = problem(cl, "llama2-7b", 32)
+    got, without = plan(with_it, "hpp"), plan(problem(cl, "llama2-7b", 32, schedules=others), "hpp")
+    check_plan(with_it, got)
+    final = got.final_plan()
+    assert [p.schedule for p in final.pipelines] == ["zbh1"]
+    assert got.iteration_time_s < without.iteration_time_s * (1 - 1e-3)
+    assert abs(compare_with_cost(final, with_it.cost_model(final.train.recompute)).rel_diff) < 0.05

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from hetpp.cost.memory import _lowered_counts, recv_buffer_counts
+from hetpp.cost.memory import TABLE_CHUNKS, _lowered_counts, recv_buffer_counts
 from hetpp.specs.schedule import SCHEDULES
 
 pytest.importorskip("torch.distributed.pipelining")
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "recv_multi.py"
-MULTI = [name for name, spec in SCHEDULES.items() if spec.placement != "one"]
+MULTI = [name for name, spec in SCHEDULES.items() if spec.multi_stage]
 
 
 def _bench():
@@ -34,10 +34,11 @@ def test_table_is_torchs_lowered_ir(name):
     assert sorted(map(int, shipped)) == list(range(1, bench.TABLE_MAX_DEVICES + 1))
     for d in range(1, 5):
         assert bench.table_entry(name, d) == shipped[str(d)], (name, d)
-    last, rows = _lowered_counts(name, 8, 2)
+    chunks = TABLE_CHUNKS[SCHEDULES[name].placement]
+    last, rows = _lowered_counts(name, 8, chunks)
     for m in (last + 8, last + 16):
-        if SCHEDULES[name].micro_batch_problem(16, 8, m) is None:
-            assert bench.live_counts(name, 8, 2, m) == rows[last], (name, m)
+        if SCHEDULES[name].micro_batch_problem(8 * chunks, 8, m) is None:
+            assert bench.live_counts(name, 8, chunks, m) == rows[last], (name, m)
 
 
 def test_counts_fall_back_to_the_bound_off_the_table():

@@ -23,7 +23,10 @@ from hetpp.specs import PRESETS, Plan, load_cluster
 from hetpp.specs.plan import grad_buckets
 from hetpp.specs.schedule import SCHEDULES
 
-MULTI = [n for n, s in SCHEDULES.items() if s.placement != "one"]
+MULTI = [n for n, s in SCHEDULES.items() if s.multi_stage]
+CHUNKS = {"one": (1,), "loop": (2, 3), "v": (2,)}
+"""Chunk counts checked per placement."""
+CHUNKED = [n for n, s in SCHEDULES.items() if s.placement != "one"]
 
 
 def test_zbv_turn_is_local_and_weight_grads_send_nothing():
@@ -46,7 +49,7 @@ def test_interleaved_wraps_from_the_last_device_to_the_first():
 
 def _cases(spec):
     for num_ranks in range(1, 5):
-        for chunks in (2, 3) if spec.placement == "loop" else (2,):
+        for chunks in CHUNKS[spec.placement]:
             for m in range(1, 13):
                 if spec.micro_batch_problem(num_ranks * chunks, num_ranks, m) is None:
                     yield num_ranks, chunks, m
@@ -124,7 +127,7 @@ def test_interleaving_cuts_the_bubble_and_zero_bubble_cuts_it_further():
 def test_closed_form_within_5_percent_on_even_pipelines(name):
     spec = SCHEDULES[name]
     for num_ranks in (2, 3, 4):
-        for chunks in (2, 3) if spec.placement == "loop" else (2,):
+        for chunks in CHUNKS[spec.placement]:
             num = num_ranks * chunks
             f, b = [1.0 / chunks] * num, [2.0 / chunks] * num
             c = [0.0 if spec.device_index(s, num_ranks) == spec.device_index(s + 1, num_ranks)
@@ -136,11 +139,11 @@ def test_closed_form_within_5_percent_on_even_pipelines(name):
 
 
 def _chunked_plan(schedule: str, second: dict | None = None) -> Plan:
-    """gpt3-1.3b on 4 A100s: one interleaved or V pipeline of 8 stages, and a 1F1B one on V100s
-    (or `second`)."""
+    """gpt3-1.3b on 4 A100s: one interleaved or V pipeline of 8 stages (zbh1: 4), and a 1F1B
+    one on V100s (or `second`)."""
     cluster = load_cluster(EXAMPLES / "a100-v100.yaml")
     spec = SCHEDULES[schedule]
-    bounds = [0, 4, 7, 10, 13, 16, 19, 22, 26]
+    bounds = [0, 7, 13, 19, 26] if spec.placement == "one" else [0, 4, 7, 10, 13, 16, 19, 22, 26]
     stages = [
         {"devices": [spec.device_index(s, 4)], "layers": [a, b]}
         for s, (a, b) in enumerate(itertools.pairwise(bounds))
@@ -227,7 +230,7 @@ def test_grads_final_is_the_replays_last_gradient_step(name):
         assert got == pytest.approx(replay, rel=1e-12), (num_ranks, chunks, m)
 
 
-@pytest.mark.parametrize("name", MULTI)
+@pytest.mark.parametrize("name", CHUNKED)
 def test_a_chunks_sync_starts_before_its_device_finishes_its_other_chunk(name):
     # Beside a one-stage pipeline (A100 4, a small batch share: it ends first), both chunks of
     # each device of pipeline 0 have the same owners, yet a bucket each (`grad_buckets`).

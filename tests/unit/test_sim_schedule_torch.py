@@ -48,7 +48,7 @@ def torch_order(torch_class: str, stage: int, num_stages: int, m: int) -> list[s
     return rec.log
 
 
-@pytest.mark.parametrize("name", [n for n, s in SCHEDULES.items() if s.placement == "one"])
+@pytest.mark.parametrize("name", [n for n, s in SCHEDULES.items() if not s.multi_stage])
 def test_simulated_order_is_torchs_for_up_to_8_stages_and_24_micro_batches(name):
     spec = SCHEDULES[name]
     checked = 0
@@ -89,15 +89,15 @@ def torch_pipeline_order(spec, num_ranks: int, chunks: int, m: int) -> dict[int,
     }
 
 
-MULTI = [name for name, spec in SCHEDULES.items() if spec.placement != "one"]
+MULTI = [name for name, spec in SCHEDULES.items() if spec.multi_stage]
 
 
 @pytest.mark.parametrize("name", MULTI)
-def test_multi_chunk_orders_are_torchs_pipeline_order(name):
+def test_multi_stage_orders_are_torchs_pipeline_order(name):
     spec = SCHEDULES[name]
     checked = 0
     for num_ranks in range(1, 5):
-        for chunks in (2, 3) if spec.placement == "loop" else (2,):
+        for chunks in {"one": (1,), "loop": (2, 3), "v": (2,)}[spec.placement]:
             num_stages = num_ranks * chunks
             for m in range(1, 13):
                 if spec.micro_batch_problem(num_stages, num_ranks, m) is not None:

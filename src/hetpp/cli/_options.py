@@ -89,14 +89,14 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         "node) per GPU type (default off); hetpp train runs a plan whose pipelines each have "
         "one degree",
     )
-    one_chunk = tuple(n for n, s in SCHEDULES.items() if s.placement == "one")
+    one_chunk = tuple(n for n, s in SCHEDULES.items() if not s.multi_stage)
     p.add_argument("--schedule", choices=one_chunk, default=one_chunk[0])
     p.add_argument(
         "--try-schedules",
         nargs="*",
         metavar="NAME",
         choices=tuple(n for n in SCHEDULES if n not in one_chunk),
-        help="multi-chunk schedules the planner may give each pipeline (interleaved, V); "
+        help="schedules the planner may give each pipeline (interleaved, V, zbh1); "
         "default: those hetpp train runs; none: one-chunk only",
     )
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES), default="bf16")

@@ -22,7 +22,7 @@ from hetpp.cost.params import (
     tied_copy_params,
 )
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.schedule import ScheduleSpec
+from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 
@@ -106,9 +106,9 @@ def recv_buffer_counts(
     own (`_add_send_recv`); those counts are read from torch's IR, per stage at its peak of
     live buffers (`_lowered_counts`; not monotone in m below the m where they settle, so searches
     over m, `most_micro_batches`, pass no `stage`). Where the table has no entry (more than 8
-    devices, other than 2 chunks, no `stage`), one buffer per micro-batch and direction, a
-    bound."""
-    if schedule is not None and schedule.placement == "one":
+    devices, other than `TABLE_CHUNKS` chunks, no `stage`), one buffer per micro-batch and
+    direction, a bound."""
+    if schedule is not None and not schedule.multi_stage:
         return num_in_flight, min(1, num_micro_batches)
     if schedule is not None and stage is not None and num_devices:
         last, rows = _lowered_counts(schedule.name, num_devices, num_stages // num_devices)
@@ -119,6 +119,11 @@ def recv_buffer_counts(
     return num_micro_batches, num_micro_batches
 
 
+TABLE_CHUNKS = {"one": 1, "loop": 2, "v": 2}
+"""Chunks per device of the pipelines whose receive buffers the table holds, per placement (the
+chunk counts the planner's schedule pass tries)."""
+
+
 @functools.cache
 def _lowered_counts(name: str, num_devices: int, chunks: int) -> tuple[int, dict[int, tuple]]:
     """(last m, m -> per stage (activation, gradient) buffers live at its peak) in torch's
@@ -126,7 +131,8 @@ def _lowered_counts(name: str, num_devices: int, chunks: int) -> tuple[int, dict
     to the last m where a count changes (`hetpp/data/recv_buffers.json`, written from torch by
     `bench/recv_multi.py --write-table`, checked against torch by a test); (0, {}) if not in
     the table."""
-    entry = _recv_table().get(name, {}).get(str(num_devices), {}) if chunks == 2 else {}
+    stored = chunks == TABLE_CHUNKS[SCHEDULES[name].placement]
+    entry = _recv_table().get(name, {}).get(str(num_devices), {}) if stored else {}
     rows = {int(m): tuple(tuple(c) for c in row) for m, row in entry.items()}
     return max(rows, default=0), rows
 

@@ -70,7 +70,8 @@ class Problem:
     the plans `sharding="optimizer"`; each plan is then costed with its own pipeline count, so a
     plan of fewer than k pipelines that does not fit is dropped there."""
     schedules: tuple[str, ...] | None = None
-    """Multi-chunk schedules (interleaved, V) the planner may give a pipeline in place of the
+    """Schedules (interleaved, V, zbh1: `ScheduleSpec.multi_stage`) the planner may give
+    a pipeline in place of the
     plan's (`hetpp.planner.schedules`); None: those the runtime executes
     (`ScheduleSpec.executable`)."""
     tp_degrees: Mapping[str, int] = field(default_factory=dict)
@@ -88,10 +89,10 @@ class Problem:
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:
             raise SpecError("expected positive integers", field="micro_batch_sizes")
         self.micro_batch_sizes = tuple(sorted(set(self.micro_batch_sizes)))
-        if self.schedule_spec.placement != "one":
+        if self.schedule_spec.multi_stage:
             raise SpecError(
                 f"the planner shapes pipelines under a one-chunk schedule (1f1b, gpipe), not "
-                f"{self.schedule!r}; it tries the multi-chunk ones per pipeline itself "
+                f"{self.schedule!r}; it tries the others per pipeline itself "
                 "(--try-schedules)",
                 field="schedule",
             )
@@ -102,10 +103,10 @@ class Problem:
                 field="sharding",
             )
         for name in self.schedules or ():
-            if name not in SCHEDULES or SCHEDULES[name].placement == "one":
+            if name not in SCHEDULES or not SCHEDULES[name].multi_stage:
                 raise SpecError(
-                    f"{name!r} is not a multi-chunk schedule; expected some of "
-                    f"{', '.join(n for n, s in SCHEDULES.items() if s.placement != 'one')}",
+                    f"{name!r} is not a per-pipeline schedule; expected some of "
+                    f"{', '.join(n for n, s in SCHEDULES.items() if s.multi_stage)}",
                     field="schedules",
                 )
 
@@ -133,13 +134,14 @@ class Problem:
 
     @property
     def chunked_schedules(self) -> tuple[str, ...]:
-        """The multi-chunk schedules this problem's pipelines may run (none with TP stages: a
-        TP group runs one stage, `specs.plan`)."""
+        """The schedules the pass may give this problem's pipelines (`multi_stage`:
+        multi-chunk, or one chunk with a split backward; none with TP stages: a TP group runs
+        one stage of a single-stage schedule, `specs.plan`)."""
         if self.has_tp:
             return ()
         if self.schedules is not None:
             return self.schedules
-        return tuple(n for n, s in SCHEDULES.items() if s.placement != "one" and s.executable)
+        return tuple(n for n, s in SCHEDULES.items() if s.multi_stage and s.executable)
 
     def schedules_to_try(self, recompute: bool) -> tuple[str, ...]:
         """`chunked_schedules` a plan with this recomputation setting may run: with

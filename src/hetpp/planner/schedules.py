@@ -47,7 +47,7 @@ from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 Split = Literal["balanced", "equal"]
-CHUNK_COUNTS = {"loop": (2,), "v": (2,)}
+CHUNK_COUNTS = {"one": (1,), "loop": (2,), "v": (2,)}
 """Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory)."""
 
 
@@ -59,6 +59,8 @@ def choose_schedules(
     first_train = plan.train
     start = one_chunk = pass_start(plan)
     names = problem.schedules_to_try(start.train.recompute)
+    if _sharded_pass_follows(problem, plan):
+        names = tuple(n for n in names if SCHEDULES[n].placement != "one")
     if not names:
         return plan, best
     groups = shape_groups(problem, start)
@@ -224,7 +226,7 @@ def _thinned(
     pipeline to start from, where its sharded trials can do better (lab-64 llama2-7b: 82.7
     against 83.0 samples/s). Thinned pipelines hold the left-out devices' states on fewer
     devices: sharding is what makes them fit (each gain in docs/benchmarks-planner.md)."""
-    if problem.sharding_mode == "targeted" and plan.sharding == "none" and len(plan.pipelines) > 1:
+    if _sharded_pass_follows(problem, plan):
         return None
     keep = [st.device for st in pipe.stages if st.layers[1] - st.layers[0] >= chunks]
     if split != "balanced" or len(keep) == len(pipe.stages) or len(keep) < 2:
@@ -245,6 +247,18 @@ def _thinned(
     bounds, slowest_s = cm.pipeline_memo[key]
     stages = tuple(_stage(d, a, b) for d, (a, b) in zip(keep, itertools.pairwise(bounds)))
     return pipe.model_copy(update={"stages": stages}), slowest_s
+
+
+def _sharded_pass_follows(problem: Problem, plan: Plan) -> bool:
+    """Whether the targeted ZeRO-1 pass (`sharding.sharded_schedule_pass`) runs the schedule
+    pass again on `plan` sharded. There the unsharded pass leaves out what that pass does
+    better: thinned trials (`_thinned`) and zbh1, whose every stage holds S micro-batches to
+    their W, so sharding is what lets it fit. An unsharded zbh1 win on a baseline's plan hid
+    hpp's own plan, which the targeted pass then never sharded (slowlink-256 gpt3-1.3b: 0.517 s
+    where hpp's own sharded plan takes 0.414 s)."""
+    return (
+        problem.sharding_mode == "targeted" and plan.sharding == "none" and len(plan.pipelines) > 1
+    )
 
 
 def _all_chunked(
@@ -389,12 +403,12 @@ def _kept_counts_bounds(
     """Loop placement: each device keeps as many layers as it has in `pipe`, dealt over its
     chunks as evenly as they go (the earlier chunks take the odd ones), so every device's work
     per micro-batch, and the first and last layers' devices, stay what the search balanced
-    (a time share per chunk would round 3 layers to 2 or 4 at 2 chunks). A device with fewer
-    layers than chunks (the embedding alone, say) takes the missing ones from the device with
-    the most. None for the V placement (its last stage is on the first device) or fewer layers
-    than stages."""
+    (a time share per chunk would round 3 layers to 2 or 4 at 2 chunks; one stage per device,
+    zbh1: `pipe`'s own cuts). A device with fewer layers than chunks (the embedding alone, say)
+    takes the missing ones from the device with the most. None for the V placement (its last
+    stage is on the first device) or fewer layers than stages."""
     counts = [st.layers[1] - st.layers[0] for st in pipe.stages]
-    if spec.placement != "loop" or sum(counts) < chunks * len(counts):
+    if spec.placement == "v" or sum(counts) < chunks * len(counts):
         return None
     for d in range(len(counts)):
         while counts[d] < chunks:

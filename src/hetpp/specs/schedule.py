@@ -99,7 +99,9 @@ def interleaved_1f1b_order(rank: int, num_ranks: int, chunks: int, m: int) -> li
 
 
 def interleaved_zero_bubble_order(rank: int, num_ranks: int, chunks: int, m: int) -> list[Step]:
-    """ScheduleInterleavedZeroBubble (ZB1P): interleaving with split backwards."""
+    """ScheduleInterleavedZeroBubble (ZB1P): interleaving with split backwards. At one chunk
+    (`zbh1`) it is Qi et al.'s ZB-H1: 1F1B's warm-up, rank r's Ws deferred by r micro-batches
+    into the drain."""
     return _interleaved_order(rank, num_ranks, chunks, m, zero_bubble=True)
 
 
@@ -223,6 +225,14 @@ class ScheduleSpec:
     """The runtime executes this schedule exactly (`hetpp.runtime.contract` refuses a plan
     naming one that it does not; the planner gives pipelines only these unless told otherwise)."""
 
+    @property
+    def multi_stage(self) -> bool:
+        """torch runs it as a multi-stage schedule (a `_PipelineScheduleRuntime` on its lowered
+        IR, the rank's stages as a list): several chunks per device, or a split backward, which
+        torch's single-stage classes (1F1B, GPipe) have neither of. The planner shapes pipelines
+        under the single-stage ones and tries these per pipeline in its schedule pass."""
+        return self.placement != "one" or self.splits_backward
+
     def allows_chunks(self, chunks: int) -> bool:
         """Whether a pipeline may run `chunks` stages per device under this schedule."""
         return {"one": chunks == 1, "loop": chunks >= 2, "v": chunks == 2}[self.placement]
@@ -266,7 +276,7 @@ class ScheduleSpec:
     ) -> int:
         """Micro-batches whose activations stage `stage` holds at its device's peak (one chunk:
         the stage's own peak). A backward frees them; a split one at its W, which needs them."""
-        if self.placement == "one":
+        if self.placement == "one" and not self.splits_backward:
             if self.bounded_in_flight:
                 return min(num_micro_batches, num_stages - stage)
             return num_micro_batches
@@ -330,6 +340,17 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             timing_rule="zero-bubble",
             order=interleaved_zero_bubble_order,
             placement="loop",
+            rounds_divide_micro_batches=True,
+            splits_backward=True,
+            executable=True,
+        ),
+        ScheduleSpec(
+            name="zbh1",
+            torch_class="ScheduleInterleavedZeroBubble",
+            micro_batches_per_stage=0,
+            bounded_in_flight=True,
+            timing_rule="zero-bubble",
+            order=interleaved_zero_bubble_order,
             rounds_divide_micro_batches=True,
             splits_backward=True,
             executable=True,
