@@ -24,6 +24,10 @@ time for the whole model per micro-batch) splits it exactly into three parts:
   devices, order and settings) and *split* (the plan's split against the best one: the schedule
   pass's re-split rules, a baseline's equal layers, the 1F1B window rule).
 
+Each pipeline also gets *halves*: the granularity term were attention and MLP separate split
+points (`half_block_counts`; an estimate for a runtime that does not exist, costed by the
+sublayers' forward FLOPs).
+
 Shares are of the whole step, as in the breakdown. `--plans DIR` keeps each hpp plan as JSON and
 reads it back on the next run (the search is the slow part).
 """
@@ -38,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import numpy as np
 from planner import _chosen, scenarios, step_breakdown
 
 from hetpp.cost.step import cost_model_for_plan, step_cost
@@ -45,6 +50,7 @@ from hetpp.planner import Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.partition import balance_stages, in_flight_per_stage, stage_tables
 from hetpp.planner.schedules import busiest_work_s
 from hetpp.specs import TrainSpec, load_cluster, load_model
+from hetpp.specs.model import ModelConfig
 from hetpp.specs.plan import Plan
 
 
@@ -58,6 +64,51 @@ def best_counts(block_s: list[float], extra_s: list[float], blocks: int) -> floa
         end, b, _ = heapq.heappop(heap)
         heapq.heappush(heap, (end + b, b, end))
     return max(max(extra_s), max(e for _, _, e in heap))
+
+
+def attention_share(config: ModelConfig, seq_len: int) -> float:
+    """A block's attention part (norm-free: QKV and output projections, scores and AV) as a
+    share of its forward FLOPs (the `_block` cost of `specs.model`); the rest is the MLP."""
+    h, f, q = config.hidden_size, config.ffn_hidden_size, config.q_dim
+    kvd = config.kv_heads * config.head_dim
+    attn = 2.0 * (h * (q + 2 * kvd) + q * h) + 4 * seq_len * q
+    mlp = 2.0 * (3 if config.gated else 2) * h * f
+    return attn / (attn + mlp)
+
+
+def half_block_counts(block_s: list[float], blocks: int, attn: float) -> float:
+    """Least busiest work when the `blocks` blocks (per-block seconds `block_s` per device) may
+    also be cut between attention (share `attn` of a block) and MLP, device order ignored as in
+    `best_counts`. A contiguous stage holds n whole blocks, plus an attention part where it ends
+    mid-block, or an MLP part where it starts there; both kinds come in equal numbers k, and
+    sum n + k = blocks. Bisection over the candidate loads; a DP over devices on (k_attn,
+    k_mlp) gives the most whole blocks at a load."""
+    parts = (0.0, attn, 1.0 - attn)
+    loads = sorted({(n + e) * b for b in block_s for e in parts for n in range(blocks + 1)})
+    k_max = len(block_s)
+
+    def fits(t: float) -> bool:
+        best = np.full((k_max + 1, k_max + 1), -1, dtype=np.int64)
+        best[0, 0] = 0
+        for b in block_s:
+            new = best.copy()  # extra 0
+            for e, (da, dm) in zip(parts[1:], ((1, 0), (0, 1))):
+                n = int(np.floor((t - e * b) / b + 1e-12))
+                if n < 0:
+                    continue
+                shifted = np.full_like(best, -1)
+                shifted[da:, dm:] = best[: k_max + 1 - da, : k_max + 1 - dm]
+                new = np.maximum(new, np.where(shifted >= 0, shifted + n, -1))
+            n0 = int(np.floor(t / b + 1e-12))
+            new = np.maximum(new, np.where(best >= 0, best + n0, -1))
+            best = new
+        return any(best[k, k] >= 0 and best[k, k] + k >= blocks for k in range(k_max + 1))
+
+    lo, hi = 0, len(loads) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(loads[mid]) else (mid + 1, hi)
+    return loads[lo]
 
 
 def pipeline_parts(cm, plan: Plan, p: int, step) -> dict:
@@ -87,9 +138,12 @@ def pipeline_parts(cm, plan: Plan, p: int, step) -> dict:
     sigma = max(work.values()) / balanced
     gran = best_counts(beta, [0.0] * len(devs), blocks) / (blocks / sum(1 / b for b in beta))
     counted = best_counts(beta, [extra[d] for d in devs], blocks) / balanced
+    attn = attention_share(cm.model.config, cm.model.seq_len)
+    halves = half_block_counts(beta, blocks, attn) / (blocks / sum(1 / b for b in beta))
     out = {
         "sigma": sigma,
         "granularity": gran - 1,
+        "halves": halves - 1,
         "head": counted - gran,
         "memory": None,
         "split": sigma - counted,
@@ -143,7 +197,7 @@ def decompose(problem: Problem, plan_: Plan) -> dict:
     bubbles = [t - pipe.num_micro_batches * b for t, pipe, b in zip(times, plan_.pipelines, busy)]
     batch = sum(r / rate * (top - t) for r, t in zip(rates, times)) / total
     other = (sum(r / rate * b for r, b in zip(rates, bubbles)) - bubbles[slow]) / total
-    stage_parts = {k: 0.0 for k in ("granularity", "head", "memory", "split")}
+    stage_parts = {k: 0.0 for k in ("granularity", "head", "memory", "split", "halves")}
     for pipe, parts in zip(plan_.pipelines, pipes):
         weight = pipe.micro_batch_size * pipe.num_micro_batches / rate / total
         parts["weight"] = weight
@@ -238,13 +292,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{_pct(b['limit'])}, bubble {_pct(b['bubble'])}, imbalance {_pct(b['imbalance'])} = "
             f"batch {_pct(d['batch'])} + other bubbles {_pct(d['other_bubbles'])} + stage "
             f"{_pct(d['stage'])} (granularity {_pct(d['granularity'])}, head/embedding "
-            f"{_pct(d['head'])}, memory {_pct(d['memory'])}, split {_pct(d['split'])})"
+            f"{_pct(d['head'])}, memory {_pct(d['memory'])}, split {_pct(d['split'])}); "
+            f"granularity at half blocks {_pct(d['halves'])}"
         )
         for n, p in _groups(d["pipes"]):
             print(
                 f"  {n} x {_short(p['types'])} {p['schedule']} mbs {p['mbs']} x {p['m']}: "
                 f"sigma {p['sigma']:.3f} (granularity {_pct(p['granularity'])}, head "
-                f"{_pct(p['head'])}, memory {_pct(p['memory'])}, split {_pct(p['split'])}), "
+                f"{_pct(p['head'])}, memory {_pct(p['memory'])}, split {_pct(p['split'])}; halves "
+                f"{_pct(p['halves'])}), "
                 f"busiest {p['busiest']}, layers {[b - a for a, b in p['layers']]}"
                 + (f", DP cuts {p['dp_cuts']}" if "dp_cuts" in p else "")
             )

@@ -1,0 +1,44 @@
+"""`bench/imbalance.py`'s half-block granularity estimate."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "imbalance.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("bench_imbalance", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_half_blocks_split_an_odd_block_count_over_two_equal_devices(bench):
+    # whole blocks: 2 and 1; halves: 1 block + attention, MLP + 1 block
+    assert bench.best_counts([1.0, 1.0], [0.0, 0.0], 3) == 2.0
+    assert bench.half_block_counts([1.0, 1.0], 3, 0.5) == 1.5
+    assert bench.half_block_counts([1.0, 1.0], 3, 0.4) == 1.6  # the MLP side is the larger
+
+
+def test_a_slow_device_takes_a_half_only_where_it_ends_first(bench):
+    assert bench.half_block_counts([4.0, 1.0], 1, 0.5) == 1.0  # the fast one takes it whole
+    # two blocks, one device twice as fast: whole blocks give it both (2 s) or one each (2 s);
+    # halves: the slow one takes an attention part (1 s), the fast one the rest (1.5 s)
+    assert bench.best_counts([2.0, 1.0], [0.0, 0.0], 2) == 2.0
+    assert bench.half_block_counts([2.0, 1.0], 2, 0.5) == 1.5
+
+
+def test_attention_share_counts_the_projections_and_scores(bench):
+    from hetpp.specs import load_model
+
+    spec = load_model("gpt3-13b", 2048)
+    h, s = spec.config.hidden_size, 2048
+    want = (8.0 * h * h + 4 * s * h) / (8.0 * h * h + 4 * s * h + 16.0 * h * h)
+    assert bench.attention_share(spec.config, s) == pytest.approx(want, rel=1e-12)
