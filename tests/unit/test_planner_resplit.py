@@ -13,6 +13,7 @@ from hetpp.planner.resplit import climb, resplit, resplit_if_faster
 from hetpp.planner.shapes import ShapeContext
 from hetpp.planner.sharding import sharded_problem, sharded_schedule_pass
 from hetpp.specs import Cluster, GpuType, NodeGroup
+from hetpp.specs.plan import PipelinePlan, StagePlan
 from tests.unit.planner_cases import problem, small_model
 
 
@@ -148,3 +149,11 @@ def test_climb_rules_out_only_moves_the_full_cost_would_refuse(monkeypatch):
         assert kept or refused
     assert any(not kept for kept, _ in verdicts)  # the bound rules some out
     assert any(not refused for _, refused in verdicts)  # and some win
+
+
+def test_recut_copies_only_the_stages_a_move_changes():
+    stages = tuple(StagePlan(devices=(d,), layers=(4 * d, 4 * d + 4)) for d in range(4))
+    pipe = PipelinePlan(stages=stages, num_micro_batches=4, micro_batch_size=1)
+    moved = resplit_module._recut(pipe, [0, 4, 9, 12, 16])
+    assert [st.layers for st in moved.stages] == [(0, 4), (4, 9), (9, 12), (12, 16)]
+    assert [a is b for a, b in zip(moved.stages, stages)] == [True, False, False, True]
