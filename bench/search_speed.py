@@ -8,7 +8,7 @@ Clusters: `lab-64` and `mega-1024` from the planner suite, and `mega-1024` with 
 8 times as large (8192 GPUs); gpt3-13b, seq 2048, 4 samples per GPU; the strategy `hetpp plan`
 runs by default (`best`: hpp and the FSDP family, schedule pass included) under the optimizer
 sharding `hetpp plan` runs by default (`targeted`; a tree that lacks the mode asked for runs
-`none`, and the line says which mode each side ran). Each search runs in a
+`none`, one without the strategy `hpp`, and the line says what each side ran). Each search runs in a
 fresh subprocess and is timed inside it (imports excluded), in wall-clock and in CPU seconds
 (the machine is shared: CPU time is what load inflates least). `--against REF` unpacks `src/` as it
 was at git commit REF (`git archive`) and times the same searches with it, alternating old and
@@ -48,25 +48,43 @@ def _one(cluster: dict, strategy: str, sharding: str) -> None:
     """Child process: one search, its time, plan cost and sharding mode as JSON on stdout."""
     from typing import get_args
 
-    from hetpp.planner import Problem, plan
-    from hetpp.planner.problem import ShardingMode
+    from hetpp.planner import STRATEGIES, Problem, plan
     from hetpp.specs import Cluster, TrainSpec, load_model
+
+    try:
+        from hetpp.planner.problem import ShardingMode
+
+        modes = get_args(ShardingMode)
+    except ImportError:  # a tree from before optimizer sharding (8ec0738, issue 13's start)
+        modes = ()
 
     cl = Cluster.model_validate(cluster)
     spec = load_model(MODEL, SEQ)
     train = TrainSpec(global_batch=SAMPLES_PER_GPU * cl.num_devices, seq_len=SEQ)
     t0, c0 = time.perf_counter(), time.process_time()
-    mode = sharding if sharding in get_args(ShardingMode) else "none"
-    r = plan(Problem(spec, cl, train, sharding_mode=mode), strategy)
+    mode = sharding if sharding in modes else "none"
+    kw = {"sharding_mode": mode} if modes else {}
+    # a tree from before the FSDP family has no "best": `hetpp plan` ran hpp there
+    strategy = strategy if strategy in STRATEGIES else "hpp"
+    r = plan(Problem(spec, cl, train, **kw), strategy)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"time_s": wall, "cpu_s": cpu, "step_s": r.iteration_time_s, "mode": mode}))
+    print(
+        json.dumps(
+            {
+                "time_s": wall,
+                "cpu_s": cpu,
+                "step_s": r.iteration_time_s,
+                "mode": f"{strategy}, {mode}",
+            }
+        )
+    )
 
 
 def time_search(
     cluster: dict, src: Path, strategy: str, sharding: str
 ) -> tuple[float, float, float, str]:
-    """(search seconds, its CPU seconds, iteration time of the plan, sharding mode run) with
-    the package under `src`."""
+    """(search seconds, its CPU seconds, iteration time of the plan, "strategy, sharding mode"
+    it ran) with the package under `src`."""
     got = child_json("search_speed", f"_one({cluster!r}, {strategy!r}, {sharding!r})", src)
     return got["time_s"], got["cpu_s"], got["step_s"], got["mode"]
 
