@@ -48,7 +48,8 @@ def _one(cluster: dict, strategy: str, sharding: str) -> None:
     """Child process: one search, its time, plan cost and sharding mode as JSON on stdout."""
     from typing import get_args
 
-    from hetpp.planner import STRATEGIES, Problem, plan
+    import hetpp.planner as planner
+    from hetpp.planner import Problem, plan
     from hetpp.specs import Cluster, TrainSpec, load_model
 
     try:
@@ -65,7 +66,8 @@ def _one(cluster: dict, strategy: str, sharding: str) -> None:
     mode = sharding if sharding in modes else "none"
     kw = {"sharding_mode": mode} if modes else {}
     # a tree from before the FSDP family has no "best": `hetpp plan` ran hpp there
-    strategy = strategy if strategy in STRATEGIES else "hpp"
+    known = {*planner.STRATEGIES, getattr(planner, "BEST", None)}
+    strategy = strategy if strategy in known else "hpp"
     r = plan(Problem(spec, cl, train, **kw), strategy)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(
