@@ -53,9 +53,9 @@ def test_exact_plans_run_and_are_never_slower_than_hpp_or_a_baseline():
 
 
 def test_the_reference_covers_the_micro_batch_size_pass_hpp_ends_with(monkeypatch):
-    # 2 A100 + 4 RTX-4090, gpt3-1.3b, batch 32: hpp's plan gains by a micro-batch size per
-    # pipeline (0.87481 s); a reference without that pass ends above it (0.88404 s), so it
-    # was not exact over what the default search reaches
+    # 2 A100 + 4 RTX-4090, gpt3-1.3b, batch 32: hpp's plan gains by its last passes (a
+    # micro-batch size per pipeline, cut moves: 0.87669 s); a reference without them ends
+    # above it (0.87770 s), so it was not exact over what the default search reaches
     def p():
         return problem(cluster(("A100-80GB", 2, 1), ("RTX-4090", 4, 1)), "gpt3-1.3b", 32, seq=2048)
 
@@ -64,4 +64,4 @@ def test_the_reference_covers_the_micro_batch_size_pass_hpp_ends_with(monkeypatc
     monkeypatch.setattr(
         exact, "with_last_passes", lambda pr, ws, rs, st: min(rs, key=lambda r: r.iteration_time_s)
     )
-    assert got < search_exact(p()).iteration_time_s * (1 - 0.005)
+    assert got < search_exact(p()).iteration_time_s * (1 - 0.001)

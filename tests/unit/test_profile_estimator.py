@@ -8,6 +8,7 @@ import pytest
 
 from hetpp.profile.estimator import (
     STREAM_EFFICIENCY,
+    _lstsq,
     calibrate,
     default_calibration,
     estimate_layer,
@@ -187,3 +188,17 @@ def test_a_type_without_an_fp32_rate_keeps_its_only_rate():
 
     g = GpuType(name="Mine", bf16_tflops=100, memory_gb=24, mem_bw_GBps=900)
     assert g.matmul_flops_per_s(4) == g.matmul_flops_per_s(2) == 100e12
+
+
+def test_the_fit_solves_least_squares_without_lapack():
+    # `_lstsq` replaces np.linalg.lstsq, whose last bits depend on the CPU's BLAS kernels; it
+    # must still be least squares: an exact system is solved exactly, an overdetermined one
+    # agrees with LAPACK to rounding (float64 on a well-conditioned matrix)
+    assert _lstsq([[1.0, 0.0], [0.0, 2.0]], [3.0, 4.0]) == [3.0, 2.0]
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(0.5, 2.0, (12, 3)), rng.uniform(0.5, 2.0, 12)
+    want = np.linalg.lstsq(a, b, rcond=None)[0]
+    got = _lstsq(a.T.tolist(), b.tolist())
+    assert np.allclose(got, want, rtol=1e-10, atol=0)
+    # and its residual is orthogonal to the columns (the normal equations)
+    assert np.abs(a.T @ (b - a @ np.array(got))).max() < 1e-12
