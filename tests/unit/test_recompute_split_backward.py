@@ -12,6 +12,7 @@ recomputing plans (`Problem.schedules_to_try`), and the runtime runs each W in o
 """
 
 import contextlib
+import functools
 import gc
 import itertools
 import weakref
@@ -103,6 +104,7 @@ def _counted_stage(
     return stage, runs
 
 
+@functools.cache  # the tests read the same few measurements; each is taken once (read-only)
 def _split_backward(name: str, recompute: bool, grouped: bool = False) -> dict:
     """One micro-batch through a stage of two blocks: live elements after F, after I and at W's
     peak; the forwards each step runs; the elements of the gradients kept for W; the weight
