@@ -37,16 +37,18 @@ pipelines alone do not rule it out): a plan of few shapes settles in a few dozen
 def resplit_if_faster(
     problem: Problem, plan: Plan, step: StepCost, split: str = "balanced", rebalance: bool = True
 ) -> tuple[Plan, StepCost]:
-    """`resplit(plan)` where it fits and is faster, then `climb`, then (with `rebalance`) the
-    batch shared out again: the plan and its cost, `plan` and `step` where nothing helps.
-    `split` and `rebalance` are the strategy's freedom (`baselines.SCHEDULE_FREEDOM`): an
-    equal-layer strategy keeps its split, one of equal batch shares its counts."""
+    """`resplit(plan)` where it fits and is faster, then the multi-chunk shapes from
+    whole-block counts (`chunksplit`), then `climb`, then (with `rebalance`) the batch shared
+    out again: the plan and its cost, `plan` and `step` where nothing helps. `split` and
+    `rebalance` are the strategy's freedom (`baselines.SCHEDULE_FREEDOM`): an equal-layer
+    strategy keeps its split, one of equal batch shares its counts."""
+    from hetpp.planner.chunksplit import chunksplit_if_faster  # it imports this module
     from hetpp.planner.mixed_mbs import shares  # mixed_mbs imports the schedule pass
 
     if split != "balanced" or plan.sharding == "full":
         return plan, step
     best = _faster(problem, resplit(problem, plan, rebalance), (plan, step))
-    climbed = climb(problem, *best)
+    climbed = climb(problem, *chunksplit_if_faster(problem, *best))
     if rebalance and climbed is not best:
         climbed = _faster(problem, shares(problem, climbed[0]), climbed)
     return climbed
