@@ -141,27 +141,30 @@ def test_a_dp_answer_s_cheap_rows_are_priced_in_full_with_their_memory_cap():
 
 
 @pytest.mark.parametrize(
-    ("cluster_counts", "switch"),
+    ("cluster_counts", "switch", "margin"),
     [
         # 3 A100 + 5 V100 + 7 T4 (192 device-count vectors): 2.4016 s without the chunk-aware
-        # DP (past the old limit of 150) or with it at the cheap price, 2.340 s priced in full
-        ((3, 5, 7), ("CHUNKED_ROUNDS", 1)),
-        ((3, 5, 7), ("CHUNKED_STATES", 150)),
+        # DP (past the old limit of 150) or with it at the cheap price, 2.340 s priced in full;
+        # 2.3639 s without on 1c0e255, and 2.3497 s since the last passes split multi-chunk
+        # pipelines again from whole-block counts (`planner.chunksplit`), which win back most
+        # of the cheap price's loss: the full price still gains 0.41%
+        ((3, 5, 7), ("CHUNKED_ROUNDS", 1), 0.003),
+        ((3, 5, 7), ("CHUNKED_STATES", 150), 0.003),
         # 5 A100 + 3 V100 + 5 T4 and 2 A100 + 6 V100 + 6 T4: the last (full-price) solve's
         # answers alone end at 2.1152 s and 2.8309 s; the first (cheap-price) solve's built
         # too, 2.0041 s and 2.7671 s. (4 A100 + 4 V100 + 4 T4 needed the full price and every
         # order before, 2.3330 s without either; with both solves built it reaches the exact
         # reference's 2.3322 s either way, so it no longer tells them apart.)
-        ((5, 3, 5), ("FIRST_BUILDS", 0)),
-        ((2, 6, 6), ("FIRST_BUILDS", 0)),
+        ((5, 3, 5), ("FIRST_BUILDS", 0), 0.01),
+        ((2, 6, 6), ("FIRST_BUILDS", 0), 0.01),
     ],
 )
 def test_the_three_type_chunk_aware_dp_ranks_its_answers_at_their_full_price(
-    monkeypatch, cluster_counts, switch
+    monkeypatch, cluster_counts, switch, margin
 ):
     got = default_step_s(cluster_counts)
     monkeypatch.setattr(search, *switch)
-    assert got < plan(three_types(*cluster_counts), "hpp").iteration_time_s * (1 - 0.01)
+    assert got < plan(three_types(*cluster_counts), "hpp").iteration_time_s * (1 - margin)
 
 
 def h100_a100():
