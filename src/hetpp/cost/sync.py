@@ -70,8 +70,8 @@ def finish_step(
     step its optimizer. With optimizer sharding the owners of each bucket then all-gather its
     updated parameters (`gathers`, `(owners, seconds)` in their order, timed as `run_buckets`),
     here all on the critical path: an upper bound of `overlapped_step_s`, which `step_cost`
-    prices (the planner's `layout_tail` keeps this cheaper bound). Returns the gathers' (ready, start, end) and
-    when each rank is done."""
+    prices (the planner's `layout_tail` keeps this cheaper bound). Returns the gathers'
+    (ready, start, end) and when each rank is done."""
     norm_end = norm_end_s(free, pipeline_end, norm_s)
     return run_buckets(gathers, {k: norm_end + optimizer_s[k] for k in free})
 

@@ -151,9 +151,11 @@ class GradSync:
                     )
         self.sharded: ShardedStep | None = None
         """Sharded plans: this rank's shards, which the optimizer steps."""
-        if sharded:
+        if sharded:  # all-gathered in forward order, each read by the stages holding its layers
+            ahead = sorted(self.buckets, key=lambda b: b.layers[0][0])
             self.sharded = ShardedStep(
-                [(b.shard, groups.reduce_group(b.owners)) for b in self.buckets]
+                [(b.shard, groups.reduce_group(b.owners)) for b in ahead],
+                [[model.stages[k] for k in {model.holder(a) for a, _ in b.layers}] for b in ahead],
             )
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None
