@@ -25,7 +25,7 @@ a bucket complete on this rank may wait for an earlier one of the order still in
 With optimizer sharding (`Plan.sharding = "optimizer"`, `runtime.shard`) each bucket is
 reduce-scattered instead: every owner keeps the summed gradient of its shard only, for the
 optimizer to step; the all-gather of the updated parameters follows the optimizer step
-(`ShardedStep.gather`).
+(`ShardedStep.gather`, which overlaps them with the next step's forward).
 
 Tensor parallelism: a TP rank's bucket holds its shards. A bucket's sharded gradients are cut
 into K pieces, K the largest TP degree among its owners (powers of two), and piece i is

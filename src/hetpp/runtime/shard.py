@@ -6,7 +6,8 @@ zeros to a multiple of its P owners, are cut into P equal shards; the owner at p
 bucket's owner list (pipeline order) owns elements [i·S, (i+1)·S). After backward the bucket is
 reduce-scattered (`reduce_scatter_single`: gloo and NCCL both have it), so each owner holds the
 summed gradient of its shard only; the optimizer steps that shard; then the owners all-gather
-(`all_gather_single`) the updated parameters in bucket order.
+(`all_gather_single`) the updated parameters, in forward order and overlapped with the next
+step's forward (`ShardedStep`).
 
 The shard of each parameter an owner overlaps is a `Piece`: a 1-d view into the parameter's own
 storage, wrapped as a leaf the optimizer steps in place. So no copy of the weights is made, and
