@@ -32,6 +32,18 @@ CASES = {
         "gpipe",
         {"clip_grad": 0.05, "weight_decay": 0.1},
     ),
+    # The all-gathers overlap the next forward (`ShardedStep`): a V over three devices whose
+    # later chunks read their buckets late, recomputing some stages (the hooks run again),
+    # beside interleaved 1F1B; validation between steps reads the parameters too.
+    "gpt-2pipes-zbv3x2-recompute+interleaved2x2-clip-decay-eval": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 2, 2, 1, 0], [0, 1, 2, 3, 4, 5, 6], 1, 6, "rnrr--", schedule="zbv"),
+            pipeline([3, 4, 3, 4], [0, 2, 3, 4, 6], 1, 4, schedule="interleaved-1f1b"),
+        ],
+        "zbv",
+        {"clip_grad": 0.05, "weight_decay": 0.1, "eval_every": 2, "eval_batches": 1},
+    ),
     # One-stage pipelines of a tied model: the tied weight is every rank's, outside the
     # buckets; SGD keeps no state to shard.
     "gpt-2pipes-1+1-sgd-clip": (

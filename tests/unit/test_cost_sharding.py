@@ -80,7 +80,9 @@ def test_sharded_sync_is_reduce_scatter_then_step_then_all_gather():
     assert a.gathers == ()
     buckets = grad_buckets(sharded)
     assert len(b.buckets) == len(b.gathers) == len(buckets) == 3
-    for x, y, g, bucket in zip(a.buckets, b.buckets, b.gathers, buckets):
+    # the all-gathers go in forward order (first layers first), the reverse of the sync's
+    assert [g.blocks for g in b.gathers] == [x.blocks for x in reversed(b.buckets)]
+    for x, y, g, bucket in zip(a.buckets, b.buckets, reversed(b.gathers), buckets):
         link = group_link(cm.cluster, bucket.owners)
         assert y.bytes == x.bytes  # gradients in bf16 (2 B) both ways
         assert y.end_s - y.start_s == pytest.approx(ring_pass_time_s(y.bytes, 2, link))
@@ -94,7 +96,21 @@ def test_sharded_sync_is_reduce_scatter_then_step_then_all_gather():
         assert half == pytest.approx(device_optimizer_time_s(cm, [st]) / 2)
         assert st.memory.optimizer == pytest.approx(a.stages[st.device].memory.optimizer / 2)
     assert b.optimizer_s == pytest.approx(a.optimizer_s / 2)
-    assert b.iteration_time_s == pytest.approx(max(g.end_s for g in b.gathers))
+    # The all-gathers overlap the next step's forward: each stage's first forward waits for
+    # its device's optimizer step and its buckets' gathers (release, from the norm's end), and
+    # the step is the norm's end plus the largest release past the stage's own first-forward
+    # start (the forwards and hops before it): less than waiting for every all-gather.
+    norm_end = max(b.pipeline_time_s) + b.exposed_sync_s
+    opt = {st.device: device_optimizer_time_s(cm, [st], 2) for st in b.stages}
+    delays = []
+    for st in b.stages:
+        mine = [g.end_s for g in b.gathers if st.device in g.owners]
+        release = max([opt[st.device], *[t - norm_end for t in mine]])
+        before = [x for x in b.stages if x.pipeline == st.pipeline and x.stage < st.stage]
+        delays.append(release - sum(x.fwd_s + x.send_s for x in before))
+    assert b.iteration_time_s == pytest.approx(norm_end + max(delays))
+    assert max(delays) == delays[0] or max(delays) == delays[2]  # a first stage binds
+    assert b.iteration_time_s < max(g.end_s for g in b.gathers)
     for g in b.gathers:
         stepped = [max(b.pipeline_time_s) for _ in g.owners]  # one node: sync ends early
         assert g.ready_s >= min(stepped)

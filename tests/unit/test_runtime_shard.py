@@ -73,3 +73,56 @@ def test_contract_runs_fp32_sharded_plans_and_refuses_mixed_precision_ones():
         with pytest.raises(SpecError, match="fp32 master weights") as e:
             check_executable(plan(precision))
         assert e.value.field == "sharding"
+
+
+class _Work:
+    """A finished all-gather that records when it is waited for."""
+
+    def __init__(self, log: list, i: int):
+        self.log, self.i = log, i
+
+    def wait(self) -> None:
+        self.log.append(("wait", self.i))
+
+
+def test_a_forward_reads_its_buckets_gathered_values_never_stale_ones(monkeypatch):
+    # Rank 0 of two owners per bucket: `gather` only issues the all-gathers; each module's
+    # forward pre-hook waits for its bucket's and writes the other owner's half (here 7s)
+    # before the forward reads it, the second module's first; a recomputed forward and
+    # `finish` after it change nothing.
+    import hetpp.runtime.shard as shard
+
+    log: list = []
+
+    def all_gather_single(full, mine, group, async_op):
+        assert async_op
+        full.copy_(torch.cat([mine, torch.full_like(mine, 7.0)]))
+        log.append(("issue", group))
+        return _Work(log, group)
+
+    monkeypatch.setattr(shard.dist, "all_gather_single", all_gather_single)
+    mods = [torch.nn.Linear(2, 2, dtype=torch.float64) for _ in range(2)]
+    params = [list(m.parameters()) for m in mods]
+    step = ShardedStep(
+        [(BucketShard(ps, (0, 1), 0), i) for i, ps in enumerate(params)], [[m] for m in mods]
+    )
+    seen = []
+    for m in mods:  # after the step's own hook: what the forward reads
+        m.register_forward_pre_hook(lambda m, _: seen.append(m.weight.detach().clone()))
+    step.gather()
+    assert log == [("issue", 0), ("issue", 1)] and step.written == []
+    assert all((m.weight != 7.0).all() for m in mods)  # nothing written before a forward
+    x = torch.ones(1, 2, dtype=torch.float64)
+    mods[1](x)
+    assert step.written == [1] and log[-1] == ("wait", 1)
+    assert torch.equal(seen[0].reshape(-1)[:3], mods[1].weight.detach().reshape(-1)[:3])
+    assert (seen[0].reshape(-1)[3:] == 7.0).all() and mods[1].bias.eq(7.0).all()
+    assert (mods[0].weight != 7.0).all()  # the other bucket still in flight, not written
+    mods[0](x)
+    mods[1](x)  # recomputed: no second wait
+    step.finish()
+    assert step.written == [1, 0] and [e for e in log if e[0] == "wait"] == [
+        ("wait", 1),
+        ("wait", 0),
+    ]
+    assert (seen[1].reshape(-1)[3:] == 7.0).all() and step.pending == {}

@@ -26,11 +26,26 @@ from hetpp.cost.params import (
     tied_copy_params,
 )
 from hetpp.cost.pipeline import pipeline_done_s, placed_stage_times
-from hetpp.cost.sync import finish_step, norm_end_s, optimizer_step_s, run_buckets, state_bytes
+from hetpp.cost.sync import (
+    finish_step,
+    norm_end_s,
+    optimizer_step_s,
+    overlapped_step_s,
+    run_buckets,
+    state_bytes,
+)
 from hetpp.specs.cluster import Link
 from hetpp.specs.errors import SpecError
 from hetpp.specs.model import ModelSpec
-from hetpp.specs.plan import Estimate, GradBucket, PipelinePlan, Plan, StagePlan, grad_buckets
+from hetpp.specs.plan import (
+    Estimate,
+    GradBucket,
+    PipelinePlan,
+    Plan,
+    StagePlan,
+    gather_order,
+    grad_buckets,
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,9 @@ class StepCost:
     global_batch: int
     gathers: tuple[SyncBucket, ...] = ()
     """With optimizer sharding: each sharded bucket's all-gather of updated parameters, after
-    its owners' optimizer steps (`bytes`: the parameters in the weights' dtype)."""
+    its owners' optimizer steps (`bytes`: the parameters in the weights' dtype), in forward
+    order; timed from the step's start like the rest, they run past the barrier into the next
+    step's forward (`cost.sync.overlapped_step_s`), so they may end after `iteration_time_s`."""
     fits_known: bool | None = field(default=None, repr=False, compare=False)
     """`fits` where `step_cost` read it off its pipelines' memos (`plan_fits`); None: worked out
     from the stages."""
@@ -453,17 +470,42 @@ def _owners_link(cm: CostModel, owners: tuple[int, ...]) -> tuple[Link, int]:
     return got
 
 
-def gathers(plan: Plan, cm: CostModel) -> list[tuple[tuple[int, ...], tuple, float, float]]:
-    """Sharded plans: each bucket's all-gather of its updated parameters (weights' dtype),
-    as (owners, blocks, bytes, seconds); buckets with one owner need none."""
+def gathers(
+    plan: Plan, cm: CostModel
+) -> list[tuple[tuple[int, ...], tuple, float, float, tuple[int, ...]]]:
+    """Sharded plans: each bucket's all-gather of its updated parameters (weights' dtype), as
+    (owners, blocks, bytes, seconds, owning stage per pipeline), in forward order (first layers
+    first, `specs.plan.gather_order`: the next step's forward needs them in that order, and the
+    runtime issues them so on every rank); buckets with one owner need none."""
     if plan.optimizer_shards == 1:
         return []
     out = []
-    for bucket, n in _bucket_params(plan, cm):
+    for bucket, n in gather_order(_bucket_params(plan, cm)):
         owners, nbytes = bucket.owners, n * cm.train.dtype_bytes
         link, ranks = _owners_link(cm, owners)
         seconds = ring_pass_time_s(nbytes, ranks, link)
-        out.append((owners, bucket.blocks, nbytes, seconds))
+        out.append((owners, bucket.blocks, nbytes, seconds, bucket.stages))
+    return out
+
+
+def first_forwards(
+    stages: Sequence[StageCost], stage_gathers: Sequence[tuple[int, ...]]
+) -> list[tuple[int, float, list[int]]]:
+    """Per stage, what `cost.sync.overlapped_step_s` reads: (device, when its first forward
+    starts if nothing waits, the gathers it needs: those of the buckets it owns, by their
+    owning stage per pipeline in `stage_gathers`). The start is the first micro-batch's way to
+    it (the forwards and hops of the stages before): a device running several stages may start
+    a later one later still, so this is the earliest, which keeps the bound an upper one."""
+    needs: dict[tuple[int, int], list[int]] = {}
+    for i, own in enumerate(stage_gathers):
+        for p, s in enumerate(own):
+            needs.setdefault((p, s), []).append(i)
+    out, at, pipeline = [], 0.0, -1
+    for st in stages:  # pipeline after pipeline, each in stage order (`stage_costs`)
+        if st.pipeline != pipeline:
+            at, pipeline = 0.0, st.pipeline
+        out.append((st.device, at, needs.get((st.pipeline, st.stage), [])))
+        at += st.fwd_s + st.send_s
     return out
 
 
@@ -513,20 +555,27 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
         own.setdefault(s.device, []).append(s)
     opt = _optimizer_times(cm, own, plan.optimizer_shards)
     norm_s = norm_allreduce_s(cm, tuple(sorted(end)))
+    norm_end = norm_end_s(end, pipe_end, norm_s)
     order = gathers(plan, cm)
-    tail = [(o, sec) for o, _, _, sec in order]
-    gathered, done = finish_step(end, pipe_end, opt, tail, norm_s=norm_s)
+    if order:  # overlapped with the next step's forward (`cost.sync.overlapped_step_s`)
+        tail = [(o, sec) for o, _, _, sec, _ in order]
+        firsts = first_forwards(stages, [own for *_, own in order])
+        iteration, gathered = overlapped_step_s(norm_end, opt, tail, firsts)
+        gathered = [tuple(norm_end + x for x in t) for t in gathered]
+    else:
+        _, done = finish_step(end, pipe_end, opt, norm_s=norm_s)
+        iteration, gathered = max(done.values()), []
     return StepCost(
         tuple(stages),
         tuple(times),
         tuple(buckets),
-        max(0.0, norm_end_s(end, pipe_end, norm_s) - max(times)),
+        max(0.0, norm_end - max(times)),
         max(opt.values()),
-        max(done.values()),
+        iteration,
         plan.global_batch,
         tuple(
             SyncBucket(owners, blocks, nbytes, *t)
-            for (owners, blocks, nbytes, _), t in zip(order, gathered)
+            for (owners, blocks, nbytes, _, _), t in zip(order, gathered)
         ),
         plan_fits(plan, cm),
     )

@@ -68,10 +68,10 @@ def finish_step(
     `runtime.gradsync.GradSync.clip`) is one all-reduce over every rank (`norm_s`), which starts
     once the last rank's pipeline has ended and its buckets are done; only then does any rank
     step its optimizer. With optimizer sharding the owners of each bucket then all-gather its
-    updated parameters (`gathers`, `(owners, seconds)` in bucket order, timed as
-    `run_buckets`). The all-gathers are on the critical path: the next step's forward needs the
-    parameters (they are not overlapped with it). Returns the gathers' (ready, start, end) and
-    when each rank is done."""
+    updated parameters (`gathers`, `(owners, seconds)` in their order, timed as `run_buckets`),
+    here all on the critical path: an upper bound of `overlapped_step_s`, which `step_cost`
+    prices (the planner's `layout_tail` keeps this cheaper bound). Returns the gathers'
+    (ready, start, end) and when each rank is done."""
     norm_end = norm_end_s(free, pipeline_end, norm_s)
     return run_buckets(gathers, {k: norm_end + optimizer_s[k] for k in free})
 
@@ -92,3 +92,29 @@ def step_end_s(
     """When the step ends: the last rank done with its optimizer step (and, sharded, its
     all-gathers; `finish_step`)."""
     return max(finish_step(free, pipeline_end, optimizer_s, gathers, norm_s=norm_s)[1].values())
+
+
+def overlapped_step_s(
+    norm_end: float,
+    optimizer_s: Mapping[K, float],
+    gathers: Sequence[tuple[Sequence[K], float]],
+    first_forwards: Sequence[tuple[K, float, Sequence[int]]],
+) -> tuple[float, list[tuple[float, float, float]]]:
+    """The step of a sharded plan whose all-gathers overlap the next step's forward, as the
+    runtime's `ShardedStep.gather` runs them: timed as the period from one gradient norm
+    barrier to the next. Right after the barrier each rank steps its optimizer and the owners
+    all-gather their buckets (`gathers`, timed as `run_buckets` from the barrier, in the order
+    the next forward needs them); a stage's first forward, `(device, its start in a pipeline
+    that waits for nothing, the gathers it needs)` in `first_forwards`, waits for its device's
+    optimizer step and for those gathers (its release). In a max-plus schedule delaying actions
+    by their releases delays the end by at most the largest `release - unconstrained start`:
+    so the step is `norm_end` (the unconstrained pipelines, sync and norm) plus that, an upper
+    bound, exact when the binding stage is on the critical path (a first stage).
+
+    Returns the step and the gathers' (ready, start, end) counted from the barrier."""
+    times, _ = run_buckets(gathers, optimizer_s)
+    delay = 0.0
+    for device, start_s, needs in first_forwards:
+        release = max([optimizer_s[device], *[times[i][2] for i in needs]])
+        delay = max(delay, release - start_s)
+    return norm_end + delay, times

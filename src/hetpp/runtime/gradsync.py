@@ -25,7 +25,7 @@ a bucket complete on this rank may wait for an earlier one of the order still in
 With optimizer sharding (`Plan.sharding = "optimizer"`, `runtime.shard`) each bucket is
 reduce-scattered instead: every owner keeps the summed gradient of its shard only, for the
 optimizer to step; the all-gather of the updated parameters follows the optimizer step
-(`ShardedStep.gather`).
+(`ShardedStep.gather`, which overlaps them with the next step's forward).
 
 Tensor parallelism: a TP rank's bucket holds its shards. A bucket's sharded gradients are cut
 into K pieces, K the largest TP degree among its owners (powers of two), and piece i is
@@ -151,9 +151,11 @@ class GradSync:
                     )
         self.sharded: ShardedStep | None = None
         """Sharded plans: this rank's shards, which the optimizer steps."""
-        if sharded:
+        if sharded:  # all-gathered in forward order, each read by the stages holding its layers
+            ahead = sorted(self.buckets, key=lambda b: b.layers[0][0])
             self.sharded = ShardedStep(
-                [(b.shard, groups.reduce_group(b.owners)) for b in self.buckets]
+                [(b.shard, groups.reduce_group(b.owners)) for b in ahead],
+                [[model.stages[k] for k in {model.holder(a) for a, _ in b.layers}] for b in ahead],
             )
         holders = ranks.tied
         self.tied = tied if tied is not None and len(holders) > 1 else None

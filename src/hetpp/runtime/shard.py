@@ -6,7 +6,8 @@ zeros to a multiple of its P owners, are cut into P equal shards; the owner at p
 bucket's owner list (pipeline order) owns elements [i·S, (i+1)·S). After backward the bucket is
 reduce-scattered (`reduce_scatter_single`: gloo and NCCL both have it), so each owner holds the
 summed gradient of its shard only; the optimizer steps that shard; then the owners all-gather
-(`all_gather_single`) the updated parameters in bucket order.
+(`all_gather_single`) the updated parameters, in forward order and overlapped with the next
+step's forward (`ShardedStep`).
 
 The shard of each parameter an owner overlaps is a `Piece`: a 1-d view into the parameter's own
 storage, wrapped as a leaf the optimizer steps in place. So no copy of the weights is made, and
@@ -103,11 +104,32 @@ class WholeState:
 
 class ShardedStep:
     """This rank's shards of every sharded bucket: the optimizer's parameters, the global norm
-    over shards, the all-gather after the step, and whole-state checkpoints."""
+    over shards, the all-gather after the step, and whole-state checkpoints.
 
-    def __init__(self, shards: Sequence[tuple[BucketShard, dist.ProcessGroup]]):
+    The all-gathers overlap the next step's forward (Megatron's `overlap_param_gather`):
+    `gather` issues them, in forward order (first layers first, `specs.plan.gather_order`: the
+    shards come in that order, the same on every owner), and returns; a forward pre-hook on each
+    module that reads a bucket's parameters (`readers`) waits for that bucket's all-gather and
+    writes the gathered values before the forward runs (again in a recomputed forward: a no-op
+    once written). Whatever reads the parameters outside a step calls `finish` first."""
+
+    def __init__(
+        self,
+        shards: Sequence[tuple[BucketShard, dist.ProcessGroup]],
+        readers: Sequence[Sequence[torch.nn.Module]] = (),
+    ):
         self.shards = list(shards)
         self.sharded = {p for s, _ in self.shards for p in s.params}
+        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor, dist.Work]] = {}
+        """Per shard index, its all-gather in flight: (own shard, gathered buffer, work)."""
+        self.written: list[int] = []
+        """Shard indices in the order their gathered values were written (tests read it)."""
+        needs: dict[torch.nn.Module, list[int]] = {}
+        for i, modules in enumerate(readers):
+            for m in modules:
+                needs.setdefault(m, []).append(i)
+        for m, idx in needs.items():
+            m.register_forward_pre_hook(lambda _m, _args, idx=idx: self.finish(idx))
 
     def pieces(self) -> list[Piece]:
         return [piece for s, _ in self.shards for piece in s.pieces]
@@ -125,19 +147,29 @@ class ShardedStep:
         return out, decays
 
     def gather(self) -> None:
-        """All-gather every bucket's updated parameters over its owners, in bucket order (the
-        same on every owner), and write them into the parameters."""
-        works = []
-        for s, group in self.shards:
+        """Issue every bucket's all-gather of its updated parameters over its owners, in the
+        shards' (forward) order, and return: `finish` (the readers' hooks) writes them."""
+        self.finish()  # none in flight after a step's forward; kept safe for any caller
+        self.written = []
+        for i, (s, group) in enumerate(self.shards):
             dtype = s.params[0].dtype
             mine = s.shard([piece.view for piece in s.pieces], dtype)
             full = torch.empty(s.padded, dtype=dtype, device=mine.device)
-            works.append((s, full, dist.all_gather_single(full, mine, group=group, async_op=True)))
+            work = dist.all_gather_single(full, mine, group=group, async_op=True)
+            self.pending[i] = (mine, full, work)
+
+    def finish(self, shards: Iterable[int] | None = None) -> None:
+        """Wait for the all-gathers of `shards` (default: all in flight), in issue order, and
+        write each one's gathered values into its parameters; done ones are skipped."""
+        todo = sorted(self.pending if shards is None else set(shards) & set(self.pending))
         with torch.no_grad():
-            for s, full, work in works:
+            for i in todo:
+                _, full, work = self.pending.pop(i)
                 work.wait()
+                s = self.shards[i][0]
                 for p, value in zip(s.params, s.unflatten(full)):
                     p.copy_(value)
+                self.written.append(i)
 
     def full_state(
         self,
@@ -149,6 +181,7 @@ class ShardedStep:
         stage's `params` (moments gathered from the shards; scalars such as Adam's step as they
         are), keyed by parameter, as an unsharded optimizer holds it; with `masters`, also each
         parameter's whole master (`WholeState.values`)."""
+        self.finish()
         key = _keys(masters)
         out = whole_state(opt, (p for p in params if p not in self.sharded), masters)
         for s, group in self.shards:

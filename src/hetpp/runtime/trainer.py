@@ -302,6 +302,7 @@ class RankTrainer:
             every = opts.checkpoint_every
             if opts.checkpoint_dir and (step == opts.steps or (every and step % every == 0)):
                 self.save_checkpoint(step)
+        self.settle()  # the parameters are read as trained from here on
         records = log.records if log is not None else []
         if self.probe is not None:
             self.note("gathering memory measurements")
@@ -359,8 +360,8 @@ class RankTrainer:
             self.opt.step()
             if self.masters is not None:
                 self.masters.write_back()
-            if self.shards is not None:
-                self.note(f"step {step}: all-gather of the updated parameter shards")
+            if self.shards is not None:  # the next forward's hooks wait for them (overlap)
+                self.note(f"step {step}: all-gathers of the updated parameter shards issued")
                 self.shards.gather()
         # The schedule counts steps, skipped (fp16 overflow) ones included, as the reference does.
         self.sched.step()
@@ -394,10 +395,17 @@ class RankTrainer:
         dist.all_reduce(flag)
         return bool(flag.item() > 0)
 
+    def settle(self) -> None:
+        """Sharded: wait for the step's all-gathers, which the next step's forward would wait
+        for (`ShardedStep.finish`), before anything else reads the parameters."""
+        if self.shards is not None:
+            self.shards.finish()
+
     def evaluate(self, step: int) -> float:
         """Mean validation loss over `eval_batches` held-out global batches: forward only, through
         the same schedule and shapes as training; collective over all ranks."""
         self.note(f"step {step}: validation")
+        self.settle()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         batch_size = self.plan.global_batch
         for k in range(self.opts.eval_batches):
@@ -426,6 +434,7 @@ class RankTrainer:
 
     def save_checkpoint(self, step: int) -> None:
         self.note(f"step {step}: writing the checkpoint")
+        self.settle()
         meta = self.checkpoint_meta(step)
         # Pipeline 0's stages cover every layer once; the other pipelines hold identical copies.
         # Sharded: the owners first gather the whole optimizer state (collective).

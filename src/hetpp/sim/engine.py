@@ -12,8 +12,9 @@ Resources and rules:
   member is done with the collectives it reached before, and ends for all of them together,
   `duration_s` later. A SYNC (gradient all-reduce) is asynchronous: the rank computes on while
   it runs, as the runtime's overlapped bucket all-reduces do; OPT waits until every collective
-  the rank reached has ended; a GATHER (the all-gather after the optimizer step) waits for its
-  own end.
+  the rank reached has ended; a GATHER (the all-gather of updated parameters after the
+  optimizer step) is asynchronous too, and a WAIT for it (before a stage's first forward that
+  reads those parameters) blocks the rank until it has ended.
 
 Ranks are taken from a heap ordered by their clock and each runs until it blocks. That is exact
 here because no resource has two users whose order depends on timing: a link direction has one
@@ -107,14 +108,24 @@ _COLLECTIVE = ("SYNC", "GATHER")
 
 def _check(programs: Sequence[RankProgram], collectives: Sequence[Collective]) -> None:
     for r, prog in enumerate(programs):
+        reached = set()  # a WAIT only for an all-gather the rank joined before it
         for a in prog.actions:
             work = prog.stages.get(a.stage)
+            if a.kind == "GATHER":
+                reached.add(a.microbatch)
             if a.kind in _COLLECTIVE:
                 bad = (
                     a.microbatch is None
                     or not 0 <= a.microbatch < len(collectives)
                     or r not in collectives[a.microbatch].members
                     or collectives[a.microbatch].gather != (a.kind == "GATHER")
+                )
+            elif a.kind == "WAIT":
+                bad = (
+                    a.microbatch is None
+                    or not 0 <= a.microbatch < len(collectives)
+                    or not collectives[a.microbatch].gather
+                    or a.microbatch not in reached
                 )
             elif a.kind == "OPT":
                 bad = False
@@ -195,7 +206,7 @@ class _Run:
                 self.stream_free[m] = end
                 if self.queue[m]:
                     todo.append(self.queue[m][0])
-                elif m != r:  # it may wait at OPT or GATHER for its stream: let it look again
+                elif m != r:  # it may wait at OPT or WAIT for its stream: let it look again
                     heapq.heappush(self.heap, (max(self.clock[m], end), m))
 
     def step_rank(self, r: int) -> None:
@@ -234,10 +245,10 @@ class _Run:
                 if mb not in self.reached[r]:  # not when it looks again after waiting
                     self.reached[r].add(mb)
                     self.join(r, mb, t)
-                if kind == "GATHER":
-                    if self.coll_end[mb] is None:
-                        break
-                    t = max(t, self.coll_end[mb])
+            elif kind == "WAIT":
+                if self.coll_end[mb] is None:
+                    break
+                t = max(t, self.coll_end[mb])
             elif kind == "OPT":
                 if self.queue[r]:
                     break
@@ -257,7 +268,7 @@ class _Run:
             if done and not self.queue[r]:
                 continue
             a = None if done else prog.actions[self.pc[r]]
-            if a is None or a.kind in (*_COLLECTIVE, "OPT"):
+            if a is None or a.kind in (*_COLLECTIVE, "OPT", "WAIT"):
                 c = self.queue[r][0] if self.queue[r] else a.microbatch
                 coll = self.collectives[c]
                 missing = [  # members that have not reached it, or have another one before it

@@ -7,7 +7,7 @@ everything happens. So where the two disagree, the closed-form timing is what is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ def pipeline_programs(
     opt_s: Sequence[float] = (),
     names: Sequence[str] = (),
     gathers: Sequence[Sequence[int]] = (),
+    released: Sequence[Mapping[int, Sequence[int]]] | None = None,
 ) -> list[RankProgram]:
     """Programs of one pipeline from per-stage times (no plan or cost model needed).
 
@@ -56,7 +57,8 @@ def pipeline_programs(
     `buckets[d]` are the collectives device d joins, as (collective, the stage whose last
     backward makes it final on d; None: after all its compute), `opt_s[d]` its optimizer step
     (none when not given) and `gathers[d]` the all-gathers it joins after it (optimizer
-    sharding)."""
+    sharding); with `released[d]` (stage -> the all-gathers its forwards read) its program
+    starts at the barrier instead (`sim.schedule.rank_actions`)."""
     num = len(fwd_s)
     d_count = num_devices or num
     spec = SCHEDULES[schedule]
@@ -87,6 +89,7 @@ def pipeline_programs(
                     buckets[d] if buckets else (),
                     optimizer=bool(opt_s),
                     gathers=gathers[d] if gathers else (),
+                    released=released[d] if released is not None else None,
                 )
             ),
             stages=works[d],
@@ -136,7 +139,9 @@ def plan_programs(
         (b.owners, b.end_s - b.start_s, b.stages or (None,) * len(b.owners))
         for b in sync_buckets(plan, cm, stages)
     ]
-    order += [(owners, seconds, None) for owners, _, _, seconds in gathers(plan, cm)]
+    gathered = gathers(plan, cm)
+    first_gather = len(order)
+    order += [(owners, seconds, None) for owners, _, _, seconds, _ in gathered]
     # Last, the gradient norm's all-reduce over every rank, after its buckets (`finish_step`):
     # a SYNC after all its compute, which its optimizer step waits for.
     if len(rank_of) > 1:
@@ -154,6 +159,14 @@ def plan_programs(
     for p, pipe in enumerate(plan.pipelines):
         own = [st for st in stages if st.pipeline == p]
         devices = pipe.devices
+        # Sharded: each stage's first forward waits for the all-gathers of its buckets, the
+        # step counted from the barrier (`cost.sync.overlapped_step_s`).
+        released = None
+        if gathered:
+            released = [{st.stage: [] for st in own if st.device == d} for d in devices]
+            index = {d: i for i, d in enumerate(devices)}
+            for i, (owners, *_, by_stage) in enumerate(gathered):
+                released[index[owners[p]]][by_stage[p]].append(first_gather + i)
         programs += pipeline_programs(
             [st.fwd_s for st in own],
             [st.bwd_s for st in own],
@@ -165,6 +178,7 @@ def plan_programs(
             weight_s=[st.weight_s for st in own],
             buckets=[mine[rank_of[d]] for d in devices],
             gathers=[after[rank_of[d]] for d in devices],
+            released=released,
             opt_s=[
                 device_optimizer_time_s(
                     cm, [x for x in own if x.device == d], plan.optimizer_shards

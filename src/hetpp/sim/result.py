@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from hetpp.sim.trace import BACKWARD, COMPUTE, Kind, Trace
 
 
@@ -111,10 +113,15 @@ def step_times(
 ) -> tuple[float, tuple[float, ...], float, float]:
     """(iteration, per-pipeline time, exposed sync, bubble fraction) of a trace."""
     last_b = trace.last_end_per_rank(BACKWARD)
-    pipes = [0.0] * num_pipelines
+    # a pipeline's time runs from its first forward (after the barrier's optimizer step and
+    # all-gathers where a sharded program starts with them) to its last backward
+    first_f = trace.first_start_per_rank((Kind.F,))
+    ends, starts = [0.0] * num_pipelines, [np.inf] * num_pipelines
     for r, p in enumerate(pipeline_of_rank):
-        pipes[p] = max(pipes[p], float(last_b[r]))
-    compute_end = max(pipes)
+        ends[p] = max(ends[p], float(last_b[r]))
+        starts[p] = min(starts[p], float(first_f[r]))
+    pipes = [e - s for s, e in zip(starts, ends)]
+    compute_end = max(ends)
     sync_end = float(trace.last_end_per_rank((Kind.SYNC,)).max(initial=0.0))
     fb = float(trace.time_per_rank(COMPUTE).sum())
     bubble = 1.0 - fb / (trace.num_ranks * compute_end) if compute_end > 0 else 0.0

@@ -90,6 +90,13 @@ class Trace:
         np.maximum.at(out, self.rank[sel], self.end[sel])
         return out
 
+    def first_start_per_rank(self, kinds: tuple[int, ...]) -> np.ndarray:
+        """Start of each rank's first interval of the given kinds (inf where it has none)."""
+        sel = np.isin(self.kind, kinds)
+        out = np.full(self.num_ranks, np.inf)
+        np.minimum.at(out, self.rank[sel], self.start[sel])
+        return out
+
     def activation_peak(
         self, saved: np.ndarray, transient: np.ndarray, pending: np.ndarray | None = None
     ) -> np.ndarray:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
@@ -441,6 +442,18 @@ def grad_buckets(plan: Plan) -> tuple[GradBucket, ...]:
         grouped.setdefault(own, (blk.owners, []))[1].append(blk.layers)
     buckets = [GradBucket(o, tuple(b), st) for st, (o, b) in grouped.items()]
     return tuple(sorted(buckets, key=lambda b: -b.blocks[-1][0]))
+
+
+T = TypeVar("T")
+
+
+def gather_order(buckets: Sequence[tuple[GradBucket, T]]) -> list[tuple[GradBucket, T]]:
+    """Buckets (each with what goes with it) in the order a sharded plan all-gathers them after
+    the optimizer step: first layers first, as the next step's forward needs them (the reverse
+    of `grad_buckets`; a bucket's blocks are one stage's per pipeline, so buckets never
+    interleave). The cost model, the simulator and the runtime issue them in this one order on
+    every rank: no deadlock."""
+    return sorted(buckets, key=lambda b: b[0].blocks[0][0])
 
 
 def load_plan(path: str | Path, cluster: Cluster | None = None) -> Plan:
