@@ -131,6 +131,7 @@ class FsdpTrainer(RankTrainer):
         self.val = validation_rows(opts.data, plan, opts.seed, opts.eval_every, opts.eval_batches)
         self.lr = opts.lr
         self.probe = None  # --memory-report is refused above
+        self.shards = None  # FSDP shards itself: no ZeRO-1 all-gathers to settle
 
     def _resume(self, model: StageModule):
         """Load the newest checkpoint into the unsharded model (every rank reads it whole)."""
