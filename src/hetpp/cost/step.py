@@ -480,7 +480,7 @@ def gathers(
     if plan.optimizer_shards == 1:
         return []
     out = []
-    for bucket, n in gather_order(_bucket_params(plan, cm)):
+    for bucket, n in gather_order(_bucket_params(plan, cm), lambda b: b[0].blocks):
         owners, nbytes = bucket.owners, n * cm.train.dtype_bytes
         link, ranks = _owners_link(cm, owners)
         seconds = ring_pass_time_s(nbytes, ranks, link)

@@ -61,6 +61,7 @@ from hetpp.runtime.optim import (
 )
 from hetpp.runtime.shard import BucketShard, ShardedStep
 from hetpp.runtime.tp import local_tensor, qkv_piece_rows, shard_dims
+from hetpp.specs.plan import gather_order
 
 Slice = tuple[torch.Tensor, int, torch.Tensor | None]
 """(gradient tensor, dim, indices along dim; None: the whole tensor) that a part reduces."""
@@ -152,7 +153,7 @@ class GradSync:
         self.sharded: ShardedStep | None = None
         """Sharded plans: this rank's shards, which the optimizer steps."""
         if sharded:  # all-gathered in forward order, each read by the stages holding its layers
-            ahead = sorted(self.buckets, key=lambda b: b.layers[0][0])
+            ahead = gather_order(self.buckets, lambda b: b.layers)
             self.sharded = ShardedStep(
                 [(b.shard, groups.reduce_group(b.owners)) for b in ahead],
                 [[model.stages[k] for k in {model.holder(a) for a, _ in b.layers}] for b in ahead],

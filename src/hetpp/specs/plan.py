@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -447,13 +447,13 @@ def grad_buckets(plan: Plan) -> tuple[GradBucket, ...]:
 T = TypeVar("T")
 
 
-def gather_order(buckets: Sequence[tuple[GradBucket, T]]) -> list[tuple[GradBucket, T]]:
-    """Buckets (each with what goes with it) in the order a sharded plan all-gathers them after
-    the optimizer step: first layers first, as the next step's forward needs them (the reverse
-    of `grad_buckets`; a bucket's blocks are one stage's per pipeline, so buckets never
-    interleave). The cost model, the simulator and the runtime issue them in this one order on
-    every rank: no deadlock."""
-    return sorted(buckets, key=lambda b: b[0].blocks[0][0])
+def gather_order(buckets: Sequence[T], layers: Callable[[T], Sequence[tuple[int, int]]]) -> list[T]:
+    """Buckets (`layers(bucket)`: their layer ranges) in the order a sharded plan all-gathers
+    them after the optimizer step: first layers first, as the next step's forward needs them
+    (the reverse of `grad_buckets`; a bucket's blocks are one stage's per pipeline, so buckets
+    never interleave). The cost model, the simulator and the runtime issue them in this one
+    order on every rank: no deadlock."""
+    return sorted(buckets, key=lambda b: layers(b)[0][0])
 
 
 def load_plan(path: str | Path, cluster: Cluster | None = None) -> Plan:
