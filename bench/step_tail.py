@@ -10,7 +10,9 @@ After the slowest pipeline ends (`compute`), hpp's step (`step_cost`) is, exactl
 *norm*: the gradient norm's all-reduce over every device, which no optimizer step starts before;
 *optimizer*: the slowest device's optimizer step; *all-gathers*: with optimizer sharding
 (ZeRO-1), the updated parameters' all-gathers beyond that (the rest of the breakdown's
-*optimizer*). Per GPU type it prints the optimizer step, and the bucket that ends the sync: when
+*optimizer*). Sharded, the all-gathers overlap the next step's forward, so these two are what
+the first forwards' waits add past the norm (`cost.sync.overlapped_step_s`), the optimizer step
+counted first. Per GPU type it prints the optimizer step, and the bucket that ends the sync: when
 it was ready, how long it waited for the buckets ahead of it in the one global order, and how
 long it ran. `--plans DIR` keeps each plan as JSON (`bench/imbalance.py`'s).
 """
@@ -37,7 +39,9 @@ def tail_parts(step: StepCost) -> dict[str, float]:
         "compute": compute,
         "buckets": sync_end - compute,
         "norm": norm_end - sync_end,
-        "optimizer": step.optimizer_s,
+        # sharded, the all-gathers overlap the next forward (`cost.sync.overlapped_step_s`):
+        # what the first forwards' releases add past the norm, the optimizer step counted first
+        "optimizer": min(step.optimizer_s, step.iteration_time_s - norm_end),
         # unsharded: 0 up to rounding (the slowest optimizer step ends the step)
         "all-gathers": max(0.0, step.iteration_time_s - norm_end - step.optimizer_s),
     }
