@@ -96,7 +96,8 @@ class SyncBucket:
 
 @dataclass(frozen=True)
 class StepCost:
-    stages: tuple[StageCost, ...]
+    stages: Sequence[StageCost]
+    """Every stage's cost, pipeline after pipeline (`PlacedStages`: built when first read)."""
     pipeline_time_s: tuple[float, ...]
     buckets: tuple[SyncBucket, ...]
     exposed_sync_s: float
@@ -177,7 +178,7 @@ def pipeline_bound(pipe: PipelinePlan, cm: CostModel, shards: int) -> float | No
     and can rule the plan out before building it (a step ends no earlier than any pipeline)."""
     if not _pipeline_memory(cm, pipe, shards)[1]:
         return None
-    return _pipeline_costs(cm, pipe, 0, shards)[1]
+    return _pipeline_costs(cm, pipe, shards).time_s
 
 
 def overfilled_devices(plan: Plan, cm: CostModel) -> set[int]:
@@ -217,53 +218,107 @@ def stage_costs(plan: Plan, cm: CostModel) -> tuple[list[StageCost], list[float]
     each device's own time, `cost.fsdp`)."""
     if plan.sharding == "full":
         return _fsdp_stages(fsdp_step(plan, cm))
-    stages, times = [], []
-    for p, pipe in enumerate(plan.pipelines):
-        own, total = _pipeline_costs(cm, pipe, p, plan.optimizer_shards)
-        stages += own
-        times.append(total)
-    return stages, times
+    kinds = pipeline_costs(plan, cm)
+    return list(PlacedStages(plan.pipelines, kinds)), [k.time_s for k in kinds]
+
+
+class KindCost(NamedTuple):
+    """What a pipeline's stages cost apart from their device ids, shared by the pipelines of
+    one kind (`_kind`): a large plan runs hundreds of pipelines of a few kinds, and the step's
+    per-device sums are worked out once per kind (`step_cost`)."""
+
+    rows: tuple[tuple, ...]
+    """Per stage the `StageCost` fields from `gpu` to `done_s`."""
+    time_s: float
+    """The pipeline's time."""
+    fwd_s: tuple[float, ...]
+    """Per stage `StageCost.fwd_s`."""
+    bwd_s: tuple[float, ...]
+    """Per stage `StageCost.bwd_s`."""
+    weight_s: tuple[float, ...]
+    """Per stage `StageCost.weight_s`."""
+    send_s: tuple[float, ...]
+    """Per stage `StageCost.send_s`."""
+    done_s: tuple[float, ...]
+    """Per stage `StageCost.done_s`."""
+    starts_s: tuple[float, ...]
+    """Per stage when its first forward starts if nothing waits (`first_forwards`)."""
+    slots: tuple[tuple[int, ...], ...]
+    """Per device of the pipeline (`PipelinePlan.devices` order) the stages it runs."""
+    free_s: tuple[float, ...]
+    """Per device (`slots`) when it finishes its last backward (`_done_per_device`)."""
+    optimizer_s: tuple[float, ...]
+    """Per device (`slots`) its optimizer step (`device_optimizer_time_s`)."""
+
+
+class PlacedStages(Sequence[StageCost]):
+    """A costed plan's `StageCost`s, pipeline after pipeline, built when first read: the
+    search ranks most plans by their times alone."""
+
+    def __init__(self, pipelines: Sequence[PipelinePlan], kinds: Sequence[KindCost]) -> None:
+        self._pipelines, self._kinds = pipelines, kinds
+        self._stages: tuple[StageCost, ...] | None = None
+
+    def _all(self) -> tuple[StageCost, ...]:
+        if self._stages is None:
+            self._stages = tuple(
+                StageCost(p, s, st.device, *row, st.tp)
+                for p, (pipe, k) in enumerate(zip(self._pipelines, self._kinds))
+                for s, (st, row) in enumerate(zip(pipe.stages, k.rows))
+            )
+        return self._stages
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlacedStages):
+            return self._all() == other._all()
+        return isinstance(other, tuple) and self._all() == other
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+def pipeline_costs(plan: Plan, cm: CostModel) -> list[KindCost]:
+    """Each pipeline's `KindCost` (not for fully sharded plans); twins share one object."""
+    return [_pipeline_costs(cm, pipe, plan.optimizer_shards) for pipe in plan.pipelines]
 
 
 PIPELINE_MEMO = 1 << 17
 """Entries a CostModel's pipeline memo holds before it is cleared (`_pipeline_costs`; a new
-pipeline takes about five: its costs by identity and by value, its kind, its memory verdict):
-the planner costs many plans that share most of their pipelines (the schedule pass changes a
-few at a time). At 16384 the 8192-GPU search of `bench/search_speed.py` cleared it 15 times
-(43.6 s CPU, peak RSS 251 MB, against 34.8 s and 477 MB now; branch speed5)."""
+pipeline takes about four: its cost by identity, its kind, its memory verdict, and a new kind
+its cost): the planner costs many plans that share most of their pipelines (the schedule pass
+changes a few at a time). At 16384 the 8192-GPU search of `bench/search_speed.py` cleared it 15
+times (43.6 s CPU, peak RSS 251 MB, against 34.8 s and 477 MB at this size; branch speed5)."""
 
 
-def _pipeline_costs(
-    cm: CostModel, pipe: PipelinePlan, p: int, shards: int
-) -> tuple[list[StageCost], float]:
-    """The stage costs of pipeline `p` of a plan whose optimizer state is sharded `shards` ways,
-    and the pipeline's time; memoized on the cost model by the pipeline, and what does not
-    depend on its device ids by its kind (`_kind`: a large plan runs hundreds of pipelines of
-    a few kinds)."""
+def _pipeline_costs(cm: CostModel, pipe: PipelinePlan, shards: int) -> KindCost:
+    """The cost of `pipe` in a plan whose optimizer state is sharded `shards` ways; memoized on
+    the cost model by its kind (`_kind`), by the pipeline itself with a TP stage."""
     memo = cm.pipeline_memo
     if len(memo) >= PIPELINE_MEMO:
         memo.clear()
     # By identity first: plans built from one another share their pipeline objects, and
-    # hashing a pipeline (every field of every stage, ~6 us) costs more than the rest of a hit.
-    # The entry holds the pipeline, so its id is not reused while the entry lives.
-    same = memo.get(("id", id(pipe), p, shards))
+    # hashing a pipeline or its kind costs more than the rest of a hit. The entry holds the
+    # pipeline, so its id is not reused while the entry lives.
+    same = memo.get(("cost of", id(pipe), shards))
     if same is not None and same[0] is pipe:
         return same[1]
-    key = (pipe, p, shards)
+    key = _kind(cm, pipe, shards) or ("tp pipeline", pipe, shards)
     got = memo.get(key)
     if got is None:
-        kind = _kind(cm, pipe, shards)
-        rows = memo.get(kind) if kind else None
-        if rows is None:
-            rows = _pipeline_rows(cm, pipe, shards)
-            if kind:
-                memo[kind] = rows
-        own = [
-            StageCost(p, s, st.device, *row, st.tp)
-            for s, (st, row) in enumerate(zip(pipe.stages, rows[0]))
-        ]
-        got = memo[key] = (own, rows[1])
-    memo[("id", id(pipe), p, shards)] = (pipe, got)
+        got = memo[key] = _pipeline_rows(cm, pipe, shards)
+    memo[("cost of", id(pipe), shards)] = (pipe, got)
     return got
 
 
@@ -289,16 +344,14 @@ def _new_kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
         placed = cm.pipeline_memo[("devices", devices)] = (
             tuple(cl.gpu(d).name.lower() for d in devices),
             tuple(p2p_link(cl, a, b) for a, b in pairs),
-            tuple(a == b for a, b in pairs),
-            len(set(devices)),
+            _slots(devices),
         )
-    names, links, same, num_devices = placed
+    names, links, slots = placed
     return (
         "kind",
         tuple((n, x.layers, x.recompute) for n, x in zip(names, pipe.stages)),
         links,
-        same,
-        num_devices,
+        slots,
         pipe.schedule,
         pipe.micro_batch_size,
         pipe.num_micro_batches,
@@ -306,8 +359,16 @@ def _new_kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     )
 
 
-def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list[tuple], float]:
-    """Per stage the `StageCost` fields from `gpu` to `done_s`, and the pipeline's time."""
+def _slots(devices: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Per distinct device of `devices` (in first-stage order) the indexes of its stages."""
+    slots: dict[int, list[int]] = {}
+    for s, d in enumerate(devices):
+        slots.setdefault(d, []).append(s)
+    return tuple(map(tuple, slots.values()))
+
+
+def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> KindCost:
+    """A pipeline's `KindCost`."""
     cluster, train = cm.cluster, cm.train
     costs = _stage_layer_costs(cm, pipe)
     bounds = [pipe.stages[0].layers[0], *(st.layers[1] for st in pipe.stages)]
@@ -320,21 +381,28 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple[list
     d_count, m = len(pipe.devices), pipe.num_micro_batches
     total, done = pipeline_done_s(fwd, bwd, comm, m, schedule.name, d_count, weight)
     memory, _ = _pipeline_memory(cm, pipe, shards)
-    rows = []
-    for s, st in enumerate(pipe.stages):
-        rows.append(
-            (
-                costs[s].gpu.name,
-                st.layers,
-                fwd[s],
-                bwd[s],
-                weight[s],
-                comm[s] if s < len(comm) else 0.0,
-                *memory[s],
-                done[s],
-            )
-        )
-    return rows, total
+    send = [*comm, 0.0]
+    rows = tuple(
+        (costs[s].gpu.name, st.layers, fwd[s], bwd[s], weight[s], send[s], *memory[s], done[s])
+        for s, st in enumerate(pipe.stages)
+    )
+    starts, at = [], 0.0
+    for f, c in zip(fwd, send):
+        starts.append(at)
+        at += f + c
+    slots = _slots(devices)
+    free = []
+    for slot in slots:
+        t = 0.0
+        for s in slot:
+            t = max(t, done[s])
+        free.append(t)
+    opt = tuple(
+        device_optimizer_time_s(cm, [pipe.stages[s] for s in slot], shards) for slot in slots
+    )
+    return KindCost(
+        rows, total, *map(tuple, (fwd, bwd, weight, send, done, starts)), slots, tuple(free), opt
+    )
 
 
 def _stage_layer_costs(cm: CostModel, pipe: PipelinePlan) -> list[LayerCosts]:
@@ -407,15 +475,23 @@ def device_memories(stages: Sequence[StageCost]) -> dict[int, tuple[StageMemory,
 def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[SyncBucket]:
     """Block-wise all-reduce (sharded: reduce-scatter) in `grad_buckets` order, then the tied
     embedding/head bucket (`hetpp.cost.sync.run_buckets` times them)."""
-    grad = cm.train.grad_bytes_per_param
     final = {(st.pipeline, st.stage): st.done_s for st in stages}
-    order, ready = [], []
+    # one chunk's bucket: final once its owning stage in every pipeline is (`grad_buckets`)
+    ready = [max(final[p, s] for p, s in enumerate(b.stages)) for b, _ in _bucket_params(plan, cm)]
+    return _sync(plan, cm, ready, _done_per_device(stages))[0]
+
+
+def _sync(
+    plan: Plan, cm: CostModel, ready_s: list[float], done: dict[int, float]
+) -> tuple[list[SyncBucket], dict[int, float]]:
+    """`sync_buckets` from each block bucket's ready time and each device's last backward
+    (`done`), and when each device is free of its buckets (`run_buckets`: as the latest end
+    of its buckets, which run one after the other)."""
+    grad = cm.train.grad_bytes_per_param
+    order, ready = [], list(ready_s)
     for bucket, n in _bucket_params(plan, cm):
         owners, seconds = bucket.owners, _ring_s(plan, cm, bucket.owners, n * grad)
         order.append((owners, bucket.blocks, n * grad, seconds, bucket.stages))
-        # one chunk's bucket: final once its owning stage in every pipeline is (`grad_buckets`)
-        ready.append(max(final[p, s] for p, s in enumerate(bucket.stages)))
-    done = _done_per_device(stages)
     tied = _tied_holders(plan, cm)
     if tied:
         n = tied_copy_params(cm.model) * grad
@@ -423,14 +499,14 @@ def sync_buckets(plan: Plan, cm: CostModel, stages: list[StageCost]) -> list[Syn
         order.append((tied, (), n, seconds, ()))
         ready.append(max(done[o] for o in tied))
     durations = [(owners, seconds) for owners, _, _, seconds, _ in order]
-    times, _ = run_buckets(durations, done, ready)
+    times, free = run_buckets(durations, done, ready)
     out = [
         SyncBucket(owners, blocks, nbytes, ready, start, end, own)
         for (owners, blocks, nbytes, _, own), (ready, start, end) in zip(order, times)
     ]
     if tied:  # it waits for its holders' block buckets: ready once they are free of them
         out[-1] = replace(out[-1], ready_s=out[-1].start_s)
-    return out
+    return out, free
 
 
 def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
@@ -489,24 +565,34 @@ def gathers(
 
 
 def first_forwards(
-    stages: Sequence[StageCost], stage_gathers: Sequence[tuple[int, ...]]
+    plan: Plan, kinds: Sequence[KindCost], stage_gathers: Sequence[tuple[int, ...]]
 ) -> list[tuple[int, float, list[int]]]:
     """Per stage, what `cost.sync.overlapped_step_s` reads: (device, when its first forward
     starts if nothing waits, the gathers it needs: those of the buckets it owns, by their
     owning stage per pipeline in `stage_gathers`). The start is the first micro-batch's way to
     it (the forwards and hops of the stages before): a device running several stages may start
-    a later one later still, so this is the earliest, which keeps the bound an upper one."""
+    a later one later still, so this is the earliest, which keeps the bound an upper one.
+    Stages of one pipeline per kind only: a twin's stage has the same start, needs the same
+    gathers (the same layers) and waits for an optimizer step as long, so its release comes
+    as late after its start, and the step's bound, their largest, is the same."""
+    ones = one_of_each(kinds)
     needs: dict[tuple[int, int], list[int]] = {}
     for i, own in enumerate(stage_gathers):
-        for p, s in enumerate(own):
-            needs.setdefault((p, s), []).append(i)
-    out, at, pipeline = [], 0.0, -1
-    for st in stages:  # pipeline after pipeline, each in stage order (`stage_costs`)
-        if st.pipeline != pipeline:
-            at, pipeline = 0.0, st.pipeline
-        out.append((st.device, at, needs.get((st.pipeline, st.stage), [])))
-        at += st.fwd_s + st.send_s
-    return out
+        for p in ones:
+            needs.setdefault((p, own[p]), []).append(i)
+    return [
+        (st.device, kinds[p].starts_s[s], needs.get((p, s), []))
+        for p in ones
+        for s, st in enumerate(plan.pipelines[p].stages)
+    ]
+
+
+def one_of_each(kinds: Sequence[KindCost]) -> list[int]:
+    """The first pipeline of each kind, in pipeline order (twins share their `KindCost`)."""
+    first: dict[int, int] = {}
+    for p, k in enumerate(kinds):
+        first.setdefault(id(k), p)
+    return list(first.values())
 
 
 def norm_allreduce_s(cm: CostModel, devices: tuple[int, ...]) -> float:
@@ -543,30 +629,27 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
             fsdp.iteration_time_s,
             plan.global_batch,
         )
-    stages, times = stage_costs(plan, cm)
-    buckets = sync_buckets(plan, cm, stages)
-    end = _done_per_device(stages)
-    pipe_end = {s.device: times[s.pipeline] for s in stages}
-    for b in buckets:
-        for o in b.owners:
-            end[o] = max(end[o], b.end_s)
-    own: dict[int, list[StageCost]] = {}  # each device's stages, in order (one pass)
-    for s in stages:
-        own.setdefault(s.device, []).append(s)
-    opt = _optimizer_times(cm, own, plan.optimizer_shards)
+    kinds = pipeline_costs(plan, cm)
+    times = [k.time_s for k in kinds]
+    done, pipe_end, opt = _per_device(plan, kinds)
+    ones = one_of_each(kinds)
+    ready = [  # twins' owning stages are final at the same time: one of each kind
+        max(kinds[p].done_s[b.stages[p]] for p in ones) for b, _ in _bucket_params(plan, cm)
+    ]
+    buckets, end = _sync(plan, cm, ready, done)
     norm_s = norm_allreduce_s(cm, tuple(sorted(end)))
     norm_end = norm_end_s(end, pipe_end, norm_s)
     order = gathers(plan, cm)
     if order:  # overlapped with the next step's forward (`cost.sync.overlapped_step_s`)
         tail = [(o, sec) for o, _, _, sec, _ in order]
-        firsts = first_forwards(stages, [own for *_, own in order])
+        firsts = first_forwards(plan, kinds, [own for *_, own in order])
         iteration, gathered = overlapped_step_s(norm_end, opt, tail, firsts)
         gathered = [tuple(norm_end + x for x in t) for t in gathered]
     else:
         _, done = finish_step(end, pipe_end, opt, norm_s=norm_s)
         iteration, gathered = max(done.values()), []
     return StepCost(
-        tuple(stages),
+        PlacedStages(plan.pipelines, kinds),
         tuple(times),
         tuple(buckets),
         max(0.0, norm_end - max(times)),
@@ -581,20 +664,17 @@ def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     )
 
 
-def _optimizer_times(
-    cm: CostModel, own: dict[int, list[StageCost]], shards: int
-) -> dict[int, float]:
-    """`device_optimizer_time_s` of every device, once per kind of device (GPU type, and the
-    layers and TP degree of its stages): a large plan has thousands of devices of a few
-    kinds."""
-    seen: dict[tuple, float] = {}
-    out = {}
-    for d, stages in own.items():
-        key = (stages[0].gpu, tuple((st.layers, st.tp) for st in stages))
-        if key not in seen:
-            seen[key] = device_optimizer_time_s(cm, stages, shards)
-        out[d] = seen[key]
-    return out
+def _per_device(
+    plan: Plan, kinds: Sequence[KindCost]
+) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
+    """Per device of a plan (a device runs in one pipeline): when it finishes its last
+    backward, when its pipeline ends, and its optimizer step, read off its pipeline's kind."""
+    done, pipe_end, opt = {}, {}, {}
+    for pipe, k in zip(plan.pipelines, kinds):
+        for slot, free, step_s in zip(k.slots, k.free_s, k.optimizer_s):
+            d = pipe.stages[slot[0]].device
+            done[d], pipe_end[d], opt[d] = free, k.time_s, step_s
+    return done, pipe_end, opt
 
 
 def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:
@@ -605,7 +685,9 @@ def _done_per_device(stages: Sequence[StageCost]) -> dict[int, float]:
     return done
 
 
-def device_optimizer_time_s(cm: CostModel, stages: Sequence[StageCost], shards: int = 1) -> float:
+def device_optimizer_time_s(
+    cm: CostModel, stages: Sequence[StageCost | StagePlan], shards: int = 1
+) -> float:
     """The optimizer step of one device over the stages it runs
     (`hetpp.cost.sync.optimizer_step_s`) and the parameters it steps: with `shards` owners per
     bucket, its shard of each (`stepped_params`)."""

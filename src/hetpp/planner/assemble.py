@@ -11,7 +11,7 @@ from typing import Any
 from hetpp.cost.comm import p2p_link
 from hetpp.cost.memory import most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, stage_times
-from hetpp.cost.step import StepCost, plan_fits, stage_costs, step_cost
+from hetpp.cost.step import StepCost, pipeline_costs, plan_fits, step_cost
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.placement import place
 from hetpp.planner.problem import Problem
@@ -175,12 +175,12 @@ def evaluate_below(problem: Problem, plan: Plan, bound_s: float) -> StepCost | N
     multi-chunk trials of the schedule pass that fail, fail there (lab-64: 67 of 83). Then a
     step ends no earlier than its slowest pipeline (every rank steps its optimizer after its
     pipeline ends), and the pipelines' times are the cheap part of the full cost (memoized per
-    pipeline, `cost.step.stage_costs`)."""
+    pipeline, `cost.step.pipeline_costs`)."""
     if plan.sharding != "full":
         cm = problem.cost_model(plan.train.recompute, shards=1)
         if not plan_fits(plan, cm):
             return None
-        if bound_s < math.inf and max(stage_costs(plan, cm)[1]) >= bound_s:
+        if bound_s < math.inf and max(k.time_s for k in pipeline_costs(plan, cm)) >= bound_s:
             return None
     return evaluate(problem, plan)
 

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 
 from hetpp.cost.pipeline import fill_and_beat
-from hetpp.cost.step import StepCost, device_memories, overfilled_devices, stage_costs
+from hetpp.cost.step import StepCost, device_memories, overfilled_devices, pipeline_costs
 from hetpp.planner.assemble import evaluate, evaluate_below
 from hetpp.planner.balance import PipelineGroup, allocate
 from hetpp.planner.partition import (
@@ -487,25 +487,21 @@ def _rebalanced(problem: Problem, plan: Plan) -> Plan | None:
 
 def _groups(problem: Problem, plan: Plan) -> list[PipelineGroup] | None:
     """Each pipeline's closed-form line as data balance reads it (None if memory caps one)."""
-    stages, _ = stage_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
+    kinds = pipeline_costs(plan, problem.cost_model(plan.train.recompute, shards=1))
     total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
-    per_pipeline: dict[int, list] = {}
-    for s in stages:
-        per_pipeline.setdefault(s.pipeline, []).append(s)
     groups = []
     lines: dict[tuple, tuple[float, float]] = {}  # pipelines of one kind share their line
-    for p, pipe in enumerate(plan.pipelines):
+    for pipe, kind in zip(plan.pipelines, kinds):
         spec = pipe.schedule_in(plan.train)
         if not spec.bounded_in_flight:
             return None  # memory caps its micro-batches: the search's shares stand
-        own = per_pipeline[p]
-        times = tuple((s.fwd_s, s.bwd_s, s.send_s, s.weight_s) for s in own)
-        key = (spec.name, len(pipe.devices), times)
+        times = (kind.fwd_s, kind.bwd_s, kind.send_s, kind.weight_s)
+        key = (spec.name, len(kind.slots), times)
         if key not in lines:
+            fwd, bwd, send, weight = times
             lines[key] = fill_and_beat(
-                [s.fwd_s for s in own], [s.bwd_s for s in own], [s.send_s for s in own[:-1]],
-                spec.name, len(pipe.devices), [s.weight_s for s in own],
-            )  # fmt: skip
+                [*fwd], [*bwd], [*send[:-1]], spec.name, len(kind.slots), [*weight]
+            )
         fill, beat = lines[key]
         groups.append(PipelineGroup(fill, beat, spec.min_micro_batches(len(pipe.stages)), total))
     return groups
