@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from hetpp.cost.step import StepCost, pipeline_bound
+from hetpp.cost.compute import CostModel
+from hetpp.cost.step import StepCost, pipeline_bound, stage_layer_costs
 from hetpp.planner.assemble import evaluate_below
 from hetpp.planner.partition import balance_times, in_flight_per_stage, stage_tables
 from hetpp.planner.problem import Problem
@@ -32,6 +33,10 @@ from hetpp.specs.plan import PipelinePlan, Plan
 CLIMB_TRIALS = 64
 """Most single-layer cut moves `climb` costs per plan (each a full step cost where the moved
 pipelines alone do not rule it out): a plan of few shapes settles in a few dozen."""
+
+BUSY_SLACK = 1e-9
+"""Share `_busy_bound_s` stays below its sum: the action graph adds a device's steps in its
+own order (and a split backward as I + W), which can round a few ulps below any other order."""
 
 
 def resplit_if_faster(
@@ -63,7 +68,7 @@ def _climbed(
     from hetpp.planner.mixed_mbs import shares  # mixed_mbs imports the schedule pass
 
     climbed = climb(problem, *best)
-    if rebalance and climbed is not best:
+    if rebalance and climbed[1] is not best[1]:  # nothing moved: the batch is as it was
         climbed = _faster(problem, shares(problem, climbed[0]), climbed)
     return climbed
 
@@ -110,8 +115,24 @@ def _may_beat(problem: Problem, best: tuple[Plan, StepCost], pipe: PipelinePlan)
     copies were most of the climb)."""
     plan, step = best
     cm = problem.cost_model(plan.train.recompute, shards=1)
+    if _busy_bound_s(cm, pipe) >= step.iteration_time_s:
+        return False
     time_s = pipeline_bound(pipe, cm, plan.optimizer_shards)
     return time_s is not None and time_s < step.iteration_time_s
+
+
+def _busy_bound_s(cm: CostModel, pipe: PipelinePlan) -> float:
+    """A lower bound on `pipe`'s time (`pipeline_bound`'s) from its layer costs alone: its
+    busiest device runs every forward and backward of its stages one after another, m times.
+    The action graph's longest path (multi-chunk and split-backward schedules, 1F1B off its
+    line) holds each device's steps in a chain; 1F1B's and GPipe's lines, `fill + (m - 1) x
+    beat`, have a fill of the whole traversal and a beat of at least any stage's f + b. It rules
+    out a quarter of lab-64's climb moves before their memory replay and longest path."""
+    work: dict[int, float] = {}
+    for st in pipe.stages:
+        costs = stage_layer_costs(cm, st, pipe.micro_batch_size)
+        work[st.device] = work.get(st.device, 0.0) + costs.fwd(*st.layers) + costs.bwd(*st.layers)
+    return pipe.num_micro_batches * max(work.values()) * (1 - BUSY_SLACK)
 
 
 def _moves(
