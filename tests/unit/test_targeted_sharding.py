@@ -74,3 +74,16 @@ def test_the_sharded_plan_gets_hpps_micro_batch_size_pass(monkeypatch):
     assert sizes != {pipe.micro_batch_size for pipe in without.plan.pipelines}
     full = step_cost(got.plan, cost_model_for_plan(got.plan))
     assert full.fits and full.iteration_time_s == pytest.approx(got.iteration_time_s)
+
+
+def test_the_sharded_problem_is_built_once_per_problem():
+    """Every sharded pass of one search reads one sharded problem, so its cost models' memos
+    carry from pass to pass; a problem made with `replace` gets its own."""
+    p = problem(cluster(("A100-40GB", 2, 2)), "gpt3-1.3b", 16, sharding_mode="targeted")
+    once = sharding.sharded_problem(p)
+    assert once is not p and once.train.master_weights == "optimizer"
+    assert sharding.sharded_problem(p) is once
+    assert once.cost_model(False) is sharding.sharded_problem(p).cost_model(False)
+    other = replace(p, optimizer_shards=2)
+    assert sharding.sharded_problem(other) is not once
+    assert sharding.sharded_problem(other).optimizer_shards == 2

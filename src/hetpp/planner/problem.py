@@ -84,6 +84,10 @@ class Problem:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """`assemble.pipe_group`'s memo (closed-form line of each concrete pipeline kind)."""
+    derived: dict[str, Problem] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Problems made from this one, built once so that every pass shares their cost models'
+    memos (`planner.sharding.sharded_problem`: each sharded pass of a search costed every
+    pipeline again on a fresh copy)."""
 
     def __post_init__(self) -> None:
         if not self.micro_batch_sizes or min(self.micro_batch_sizes) < 1:

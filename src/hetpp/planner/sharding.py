@@ -180,11 +180,16 @@ def _none_sharded(note: str, sharded: Problem, tried: list[int]) -> str:
 
 def sharded_problem(problem: Problem) -> Problem:
     """`problem` as sharded plans are made and costed: in mixed precision with half-precision
-    parameters and the fp32 masters in the optimizer (the module docstring says why)."""
+    parameters and the fp32 masters in the optimizer (the module docstring says why); one
+    object per problem (`Problem.derived`)."""
     train = problem.train
     if train.precision == "fp32" or train.half_params:
         return problem
-    return replace(problem, train=train.model_copy(update={"master_weights": "optimizer"}))
+    got = problem.derived.get("sharded")
+    if got is None:
+        train = train.model_copy(update={"master_weights": "optimizer"})
+        got = problem.derived["sharded"] = replace(problem, train=train)
+    return got
 
 
 def _both_ways(
