@@ -337,7 +337,7 @@ def _kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
 def _new_kind(cm: CostModel, pipe: PipelinePlan, shards: int) -> tuple | None:
     if pipe.has_tp:
         return None
-    devices = tuple(x.device for x in pipe.stages)
+    devices = tuple(x.devices[0] for x in pipe.stages)  # `StagePlan.device`, inlined
     placed = cm.pipeline_memo.get(("devices", devices))
     if placed is None:  # what the devices decide, the same for every count and schedule
         cl, pairs = cm.cluster, list(itertools.pairwise(devices))
@@ -518,13 +518,21 @@ def _bucket_params(plan: Plan, cm: CostModel) -> list[tuple[GradBucket, float]]:
     if same is not None and same[0] is plan:  # the sync and the gathers both ask
         return same[1]
     sums = ParamSums(cm.model)
-    tp = {s.device: s.tp for p in plan.pipelines for s in p.stages}
+    # TP stages by lead device (a large plan has none: every owner's degree is 1)
+    tp = {
+        s.devices[0]: len(s.devices) for p in plan.pipelines for s in p.stages if len(s.devices) > 1
+    }
     got = [
-        (b, sum(sums.synced(x, y, min(tp[o] for o in b.owners)) for x, y in b.blocks))
+        (b, sum(sums.synced(x, y, _least_tp(tp, b.owners)) for x, y in b.blocks))
         for b in grad_buckets(plan)
     ]
     cm.pipeline_memo[("buckets", id(plan))] = (plan, got)
     return got
+
+
+def _least_tp(tp: dict[int, int], owners: tuple[int, ...]) -> int:
+    """The least TP degree of a bucket's owners (`tp`: the degree of each TP stage's lead)."""
+    return min(tp.get(o, 1) for o in owners) if tp else 1
 
 
 def _ring_s(plan: Plan, cm: CostModel, owners: tuple[int, ...], nbytes: float) -> float:

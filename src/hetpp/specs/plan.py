@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -93,7 +94,9 @@ class PipelinePlan(BaseModel):
     def devices(self) -> list[int]:
         """The pipeline's devices in the order of their first stage (each once); a TP stage is
         named by its lead device (`StagePlan.device`)."""
-        return list(dict.fromkeys(s.device for s in self.stages))
+        # `StagePlan.device` inlined, here and in `has_tp`: the search asks every pipeline of
+        # every plan it costs (a million property calls at 1024 GPUs)
+        return list(dict.fromkeys(s.devices[0] for s in self.stages))
 
     @property
     def chunks(self) -> int:
@@ -107,7 +110,7 @@ class PipelinePlan(BaseModel):
     @property
     def has_tp(self) -> bool:
         """Whether any stage is a tensor-parallel group."""
-        return any(s.tp > 1 for s in self.stages)
+        return any(len(s.devices) > 1 for s in self.stages)
 
     def stage_of_layer(self, layer: int) -> int:
         return next(i for i, s in enumerate(self.stages) if s.layers[0] <= layer < s.layers[1])
@@ -394,21 +397,18 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     )
     # Each pipeline's owner of every block, walking its stages along the sorted cuts (a scan
     # per block and pipeline is quadratic in the stages of a large plan).
-    owners = zip(*([p.stages[s].device for s in _stages_at(p, cuts[:-1])] for p in plan.pipelines))
+    owners = zip(
+        *([p.stages[s].devices[0] for s in _stages_at(p, cuts[:-1])] for p in plan.pipelines)
+    )
     return tuple(
         GradBlock(layers=(a, b), owners=o) for (a, b), o in zip(itertools.pairwise(cuts), owners)
     )
 
 
 def _stages_at(pipe: PipelinePlan, layers: list[int]) -> list[int]:
-    """The index of `pipe`'s stage holding each of the ascending `layers`
-    (`stage_of_layer`)."""
-    out, s = [], 0
-    for a in layers:
-        while not pipe.stages[s].layers[0] <= a < pipe.stages[s].layers[1]:
-            s += 1
-        out.append(s)
-    return out
+    """The index of `pipe`'s stage holding each of `layers` (`stage_of_layer`)."""
+    ends = [st.layers[1] for st in pipe.stages]  # contiguous: the first stage ending past it
+    return [bisect.bisect_right(ends, a) for a in layers]
 
 
 class GradBucket(NamedTuple):
