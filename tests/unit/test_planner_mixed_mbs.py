@@ -3,11 +3,17 @@ cannot serve both GPU types well, hpp's plan mixes sizes and beats every single-
 
 from __future__ import annotations
 
+import heapq
+import random
+
+import pytest
 from planner_cases import small_model
 
 from hetpp.planner import Problem, plan
 from hetpp.planner.assemble import evaluate
-from hetpp.planner.mixed_mbs import shares
+from hetpp.planner.balance import PipelineGroup
+from hetpp.planner.mixed_mbs import hand_out, shares
+from hetpp.planner.schedules import _runs
 from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec
 from hetpp.specs.plan import Plan
 from hetpp.specs.schedule import SCHEDULES
@@ -64,3 +70,46 @@ def test_shares_add_up_to_the_batch_or_refuse():
     # pipelines at their fewest micro-batches already hold more than the batch: no share
     big = [p.model_copy(update={"micro_batch_size": 64}) for p in best.pipelines]
     assert shares(problem, best.model_copy(update={"pipelines": tuple(big)})) is None
+
+
+def _one_at_a_time(lines, shapes, sizes, batch):
+    """The reference `hand_out`: one micro-batch at a time off a heap of every pipeline."""
+
+    def next_count(i, m):
+        return next((n for n in range(m + 1, m + 2 + shapes[i][1]) if _runs(*shapes[i], n)), None)
+
+    counts = [next_count(i, line.lo - 1) for i, line in enumerate(lines)]
+    if None in counts:
+        return None
+    left = batch - sum(s * m for s, m in zip(sizes, counts))
+    heap = [(lines[i].time(n), i, n) for i, m in enumerate(counts) if (n := next_count(i, m))]
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        _, i, n = heapq.heappop(heap)
+        more = sizes[i] * (n - counts[i])
+        if more > left:
+            continue
+        counts[i], left = n, left - more
+        if (n := next_count(i, n)) is not None:
+            heapq.heappush(heap, (lines[i].time(n), i, n))
+    return counts if left == 0 else None
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_hand_out_gives_the_counts_of_one_micro_batch_at_a_time(seed):
+    """Identical pipelines handed their counts together, ties with other pipelines (small
+    integer times: equal often) and a batch that runs out mid-count included: the same counts
+    as the one-at-a-time greedy, exactly."""
+    rng = random.Random(seed)
+    kinds = []
+    for _ in range(rng.randint(1, 4)):
+        name, depth = rng.choice(["1f1b", "interleaved-1f1b", "zbv"]), rng.randint(1, 4)
+        stages = depth if name == "1f1b" else 2 * depth
+        lo = SCHEDULES[name].min_micro_batches(stages)
+        line = PipelineGroup(float(rng.randint(1, 6)), float(rng.choice([1, 2, 3])), lo, 10**6)
+        kinds.append((line, (name, stages, depth), rng.choice([1, 2, 4])))
+    pipes = [rng.choice(kinds) for _ in range(rng.randint(1, 12))]
+    lines, shapes, sizes = map(list, zip(*pipes))
+    batch = rng.randint(1, 160)
+    want = _one_at_a_time(lines, shapes, sizes, batch)
+    assert hand_out(lines, shapes, sizes, batch) == want

@@ -19,12 +19,14 @@ plan than it was given.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 
 from hetpp.cost.step import StepCost
 from hetpp.planner.assemble import evaluate_below, unused_devices
+from hetpp.planner.balance import PipelineGroup
 from hetpp.planner.problem import Problem
 from hetpp.planner.schedules import _groups, _run_shape, _runs, _with_counts
 from hetpp.planner.shapes import Workspace
@@ -111,42 +113,88 @@ def _on_unused(problem: Problem, ws: Workspace, plan: Plan) -> Iterator[list[Pip
 
 def shares(problem: Problem, plan: Plan) -> Plan | None:
     """`plan` with micro-batch counts whose samples (each pipeline's count times its own size)
-    add up to the global batch, the slowest pipeline as early as greedy filling gets it: every
-    pipeline starts at the fewest micro-batches its schedule takes, then each next micro-batch
-    goes to the pipeline that finishes it first among those it still fits in. None when the
-    sizes cannot add up to the batch, or memory caps a pipeline's count (GPipe)."""
+    add up to the global batch, the slowest pipeline as early as greedy filling gets it
+    (`hand_out`). None when the sizes cannot add up to the batch, or memory caps a pipeline's
+    count (GPipe)."""
     lines = _groups(problem, plan)
     if lines is None:
         return None
-    pipes = plan.pipelines
-    shapes = [_run_shape(plan, pipe) for pipe in pipes]  # asked once per micro-batch handed out
+    shapes = [_run_shape(plan, pipe) for pipe in plan.pipelines]
+    sizes = [pipe.micro_batch_size for pipe in plan.pipelines]
+    counts = hand_out(lines, shapes, sizes, plan.global_batch)
+    return None if counts is None else _with_counts(plan, counts)
 
-    def next_count(i: int, m: int) -> int | None:
-        for n in range(m + 1, m + 1 + shapes[i][1] + 1):
-            if _runs(*shapes[i], n):
-                return n
-        return None
 
-    counts = [next_count(i, line.lo - 1) for i, line in enumerate(lines)]
-    if None in counts:
-        return None
-    left = plan.global_batch - sum(p.micro_batch_size * m for p, m in zip(pipes, counts))
+def hand_out(
+    lines: Sequence[PipelineGroup],
+    shapes: Sequence[tuple[str, int, int]],
+    sizes: Sequence[int],
+    batch: int,
+) -> list[int] | None:
+    """Micro-batch counts per pipeline (`lines[i]`: its time per count, `shapes[i]`: what
+    `_runs` reads, `sizes[i]`: its micro-batch size) whose samples add up to `batch`: every
+    pipeline starts at the fewest micro-batches its schedule takes, then each next micro-batch
+    goes to the pipeline that finishes it first (the lowest index on equal times) among those it
+    still fits in; None if that does not reach `batch`.
+
+    Identical pipelines (one line, shape and size) go together: they reach each count one
+    after another, so a group takes a count at once where nothing else comes between them
+    (the next entry's time and index), and one by one only where something does or the batch
+    runs out. The same counts as handing out one micro-batch at a time (a test), without a
+    heap operation per micro-batch (36 calls took 4.7 s of a 48 s search at 8192 GPUs)."""
+    kinds: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(lines, shapes, sizes)):
+        kinds.setdefault(key, []).append(i)
+    counts = [0] * len(lines)
     heap = []
-    for i, m in enumerate(counts):
-        n = next_count(i, m)
-        if n is not None:
-            heap.append((lines[i].time(n), i, n))
-    heapq.heapify(heap)
+    left = batch
+    for (line, shape, size), members in kinds.items():
+        m = _next_count(shape, line.lo - 1)
+        if m is None:
+            return None
+        left -= size * m * len(members)
+        _push(heap, line, shape, size, members, m, counts)
     while left > 0 and heap:
-        _, i, n = heapq.heappop(heap)
-        more = pipes[i].micro_batch_size * (n - counts[i])
-        if more > left:
-            continue  # `left` only shrinks: this pipeline takes no more
-        counts[i], left = n, left - more
-        n = next_count(i, n)
-        if n is not None:
-            heapq.heappush(heap, (lines[i].time(n), i, n))
-    return _with_counts(plan, counts) if left == 0 else None
+        t, _, n, m, members, line, shape, size = heapq.heappop(heap)
+        more = size * (n - m)
+        # The members that come before the next entry: all, unless it has the same time (a
+        # count's time grows with the count, so a member's next count never comes between).
+        cut = len(members)
+        if heap and heap[0][0] == t:
+            cut = bisect.bisect_left(members, heap[0][1])
+        took = min(cut, left // more)
+        left -= more * took
+        _push(heap, line, shape, size, members[:took], n, counts)
+        if took < cut:  # the batch ran out for this count: these and the rest take no more
+            for i in members[took:]:
+                counts[i] = m
+        elif cut < len(members):  # the rest wait for the entry between them
+            heapq.heappush(heap, (t, members[cut], n, m, members[cut:], line, shape, size))
+    for _, _, _, m, members, *_ in heap:
+        for i in members:
+            counts[i] = m
+    return counts if left == 0 else None
+
+
+def _push(heap, line, shape, size, members, m, counts) -> None:
+    """Members now at `m` micro-batches: their entry for the next count they run, or their
+    count final where there is none."""
+    if not members:
+        return
+    n = _next_count(shape, m)
+    if n is None:
+        for i in members:
+            counts[i] = m
+        return
+    heapq.heappush(heap, (line.time(n), members[0], n, m, members, line, shape, size))
+
+
+def _next_count(shape: tuple[str, int, int], m: int) -> int | None:
+    """The least count above `m` a pipeline of `shape` runs (within one stage count of it)."""
+    for n in range(m + 1, m + 1 + shape[1] + 1):
+        if _runs(*shape, n):
+            return n
+    return None
 
 
 def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
