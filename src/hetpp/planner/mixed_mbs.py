@@ -141,7 +141,7 @@ def hand_out(
     after another, so a group takes a count at once where nothing else comes between them
     (the next entry's time and index), and one by one only where something does or the batch
     runs out. The same counts as handing out one micro-batch at a time (a test), without a
-    heap operation per micro-batch (36 calls took 4.7 s of a 48 s search at 8192 GPUs)."""
+    heap operation per micro-batch (84k of them in 36 calls of one 1024-GPU search)."""
     kinds: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(lines, shapes, sizes)):
         kinds.setdefault(key, []).append(i)
