@@ -19,7 +19,7 @@ from typing import NamedTuple
 from hetpp.cost.memory import device_memory, most_micro_batches, stage_memory
 from hetpp.cost.pipeline import fill_and_beat, pipeline_done_s, steady_time_s, weight_grad_s
 from hetpp.cost.step import stage_layer_costs
-from hetpp.planner.assemble import PlanResult, build_plan, evaluate, layout_pipes
+from hetpp.planner.assemble import PlanResult, build_plan, evaluate_below, layout_pipes
 from hetpp.planner.problem import Problem
 from hetpp.planner.recompute import drop_unneeded_recompute
 from hetpp.planner.schedules import (
@@ -319,8 +319,10 @@ def build_scheduled(
     best = None
     for flip in (False, True):
         for cand in _scheduled(problem, plan, schedules, flip):
-            s = evaluate(problem, cand)
-            if s.fits and (best is None or s.iteration_time_s < best[1]):
+            # only a fitting candidate faster than the best so far is kept: `evaluate_below`
+            # rules the others out on memory or their slowest pipeline, before the full cost
+            s = evaluate_below(problem, cand, math.inf if best is None else best[1])
+            if s is not None and s.fits and (best is None or s.iteration_time_s < best[1]):
                 best = (cand, s.iteration_time_s)
     if best is None:
         return None
