@@ -120,6 +120,18 @@ CASES = {
         "1f1b",
         {"fp64": True, "clip_grad": 0.05},
     ),
+    # Both loop-placed schedules at three chunks per device (every layer its own stage), the
+    # tied embedding and head on different ranks of each: the chunk counts the schedule pass
+    # tries (`schedules.CHUNK_COUNTS`) beyond two.
+    "gpt-2pipes-interleaved3x2+izb3x2": (
+        "tiny-gpt",
+        [
+            pipeline([0, 1, 0, 1, 0, 1], [0, 1, 2, 3, 4, 5, 6], 1, 6, schedule="interleaved-1f1b"),
+            pipeline([2, 3, 2, 3, 2, 3], [0, 1, 2, 3, 4, 5, 6], 1, 4, schedule="interleaved-zb"),
+        ],
+        "1f1b",
+        {"fp64": True},
+    ),
     # A V over three devices with recomputation on some stages, beside interleaved 1F1B.
     "gpt-2pipes-zbv3x2-recompute+interleaved2x2-sgd": (
         "tiny-gpt",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from planner_cases import cluster, problem
+from planner_cases import cluster, problem, small_model
 from test_planner_strategies import check_plan
 
 from hetpp.cost.step import step_cost
 from hetpp.planner import STRATEGIES, plan
-from hetpp.planner.schedules import _kept_counts_bounds, choose_schedules, pass_bound_s
+from hetpp.planner.schedules import _kept_counts_bounds, _settle, choose_schedules, pass_bound_s
 from hetpp.sim import compare_with_cost
 from hetpp.specs import SpecError, load_cluster
 from hetpp.specs.plan import PipelinePlan, StagePlan
@@ -190,3 +190,23 @@ def test_the_pass_gives_a_one_chunk_pipeline_zbh1_where_a_second_chunk_doubles_a
     assert [p.schedule for p in final.pipelines] == ["zbh1"]
     assert got.iteration_time_s < without.iteration_time_s * (1 - 1e-3)
     assert abs(compare_with_cost(final, with_it.cost_model(final.train.recompute)).rel_diff) < 0.05
+
+
+def test_settling_a_plan_of_mixed_micro_batch_sizes_keeps_its_samples():
+    """Two one-stage pipelines at micro-batch sizes 2 and 3 (12 samples): counts that add up
+    to the batch are taken as they are, others refused. Handing out micro-batches of the first
+    pipeline's size made a targeted pass's plan train 768 of slowlink-256's 1024 samples."""
+    p = problem(cluster(("A100-80GB", 1, 2)), small_model(4, 512), 12)
+    base = plan(p, "hpp").plan
+    pipes = tuple(
+        PipelinePlan(
+            stages=(StagePlan(devices=(d,), layers=(0, p.layer_list_len)),),
+            micro_batch_size=mbs,
+            num_micro_batches=m,
+        )
+        for d, mbs, m in ((0, 2, 3), (1, 3, 2))
+    )
+    mixed = base.model_copy(update={"pipelines": pipes, "grad_blocks": None})
+    got = _settle(p, mixed, [3, 2])
+    assert [q.num_micro_batches for q in got.pipelines] == [3, 2]
+    assert _settle(p, mixed, [2, 2]) is None

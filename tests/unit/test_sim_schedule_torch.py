@@ -97,7 +97,7 @@ def test_multi_stage_orders_are_torchs_pipeline_order(name):
     spec = SCHEDULES[name]
     checked = 0
     for num_ranks in range(1, 5):
-        for chunks in {"one": (1,), "loop": (2, 3), "v": (2,)}[spec.placement]:
+        for chunks in {"one": (1,), "loop": (2, 3, 4), "v": (2,)}[spec.placement]:
             num_stages = num_ranks * chunks
             for m in range(1, 13):
                 if spec.micro_batch_problem(num_stages, num_ranks, m) is not None:

@@ -47,8 +47,10 @@ from hetpp.specs.schedule import SCHEDULES, ScheduleSpec
 from hetpp.specs.trainspec import TrainSpec
 
 Split = Literal["balanced", "equal"]
-CHUNK_COUNTS = {"one": (1,), "loop": (2,), "v": (2,)}
-"""Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory)."""
+CHUNK_COUNTS = {"one": (1,), "loop": (2, 3, 4), "v": (2,)}
+"""Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory). The
+loop placement takes any count in torch; 3 and 4 win on lab-64 llama2-7b and dc-128's three rows
+of `bench/planner.py` (docs/benchmarks-planner.md, "Loop chunk counts")."""
 
 
 def choose_schedules(
@@ -512,9 +514,16 @@ def _settle(
 ) -> Plan | None:
     """`plan` with these micro-batch counts, each that torch refuses lowered to the nearest it
     takes and what they leave of the global batch given one at a time to the pipeline that
-    then finishes first (and takes it; the lowest index on ties); None if that cannot be done."""
-    total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
+    then finishes first (and takes it; the lowest index on ties); None if that cannot be done.
+    Pipelines of mixed micro-batch sizes (`mixed_mbs`) take `counts` as they are or not at all:
+    handing out micro-batches of one size counted the wrong samples (mega-1024 gpt3-1.3b's
+    targeted pass re-balanced 4096 samples of sizes 2 and 4 into 3072)."""
     shapes = [_run_shape(plan, pipe) for pipe in plan.pipelines]
+    if len({pipe.micro_batch_size for pipe in plan.pipelines}) > 1:
+        samples = sum(pipe.micro_batch_size * m for pipe, m in zip(plan.pipelines, counts))
+        fine = samples == plan.global_batch and all(_runs(*x, m) for x, m in zip(shapes, counts))
+        return _with_counts(plan, counts) if fine else None
+    total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
     if sum(counts) == total and all(_runs(*x, m) for x, m in zip(shapes, counts)):
         return _with_counts(plan, counts)
     groups = groups or _groups(problem, plan)
