@@ -166,22 +166,36 @@ def in_flight_counts(
     held = [_held_bytes(c, *span) for c, span in zip(costs, layers)]
     pending = [_pending_bytes(c, *span) for c, span in zip(costs, layers)]
     counts = [(0, 0)] * num
-    for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
-        peak = max(states, key=lambda state: sum(held[s] * k + pending[s] * p for s, k, p in state))
-        for s, k, p in peak:
-            counts[s] = (k, p)
+    for stages, kept, pend in _holding_states(schedule.name, num_devices, num // num_devices, m):
+        # each state's bytes, summed stage after stage as a scalar sum would (the same floats)
+        load = 0
+        for j, s in enumerate(stages):
+            load = load + (held[s] * kept[:, j] + pending[s] * pend[:, j])
+        peak = int(np.argmax(load))  # the first of the largest, as `max` picks
+        for j, s in enumerate(stages):
+            counts[s] = (int(kept[peak, j]), int(pend[peak, j]))
     return tuple(counts)
 
 
+class HoldingStates(NamedTuple):
+    """One device's candidate peaks in its order's replay (`_holding_states`)."""
+
+    stages: tuple[int, ...]
+    """The device's stages, ascending."""
+    held: np.ndarray
+    """Per state (row) and stage (column), the micro-batches it holds."""
+    pending: np.ndarray
+    """Per state and stage, those of them between their I and their W."""
+
+
 @functools.lru_cache(maxsize=4096)
-def _holding_states(
-    name: str, num_devices: int, chunks: int, m: int
-) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...], ...]:
-    """Per device: the (stage, micro-batches held, of them pending) of its stages after each
-    forward and each I of its order (the only steps that add), those that another holds at least
-    as many of on every stage left out. A micro-batch is held from its forward to its backward, a
-    split one's W (which needs them), as `ScheduleSpec.in_flight` counts; it is pending from its
-    I to its W (torch keeps the weighted ops' output gradients for the W, `_pending_bytes`)."""
+def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[HoldingStates, ...]:
+    """Per device: what its stages hold after each forward and each I of its order (the only
+    steps that add), in ascending order of the (held, pending) counts stage after stage, those
+    that another holds at least as many of on every stage left out. A micro-batch is held from
+    its forward to its backward, a split one's W (which needs them), as
+    `ScheduleSpec.in_flight` counts; it is pending from its I to its W (torch keeps the weighted
+    ops' output gradients for the W, `_pending_bytes`)."""
     out = []
     for order in device_orders(name, num_devices, chunks, m):
         stages = sorted({s for _, s, _ in order})
@@ -199,14 +213,13 @@ def _holding_states(
             else:  # a B or W frees its micro-batch; a W ends its pending
                 held[j] -= 1
                 held[j + 1] -= kind == "W"
-        rows = sorted(seen)
-        states = [tuple(zip(stages, row[0::2], row[1::2])) for row in rows]
-        counts = np.array(rows, dtype=int).reshape(len(rows), -1)
+        counts = np.array(sorted(seen), dtype=int).reshape(len(seen), -1)
         # a state another one holds at least as much of everywhere never is the peak (the
         # states are distinct, so "at least" on every column is "more" somewhere)
         covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
         np.fill_diagonal(covers, False)
-        out.append(tuple(a for a, dominated in zip(states, covers.any(axis=1)) if not dominated))
+        kept = counts[~covers.any(axis=1)]
+        out.append(HoldingStates(tuple(stages), kept[:, 0::2], kept[:, 1::2]))
     return tuple(out)
 
 
