@@ -80,11 +80,7 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
     num = num_devices * chunks
     # the device of stages -1 .. num (the two ends: none, never "another device")
     dev = np.array([-1] + [spec.device_index(s, num_devices) for s in range(num)] + [-1])
-    orders = device_orders(spec.name, num_devices, chunks, m)
-    kinds, s, mb = zip(*itertools.chain.from_iterable(orders))  # column by column: fewer objects
-    d = np.repeat(np.arange(num_devices), [len(order) for order in orders])
-    kind = np.fromiter(map(PARTS.__getitem__, kinds), dtype=int, count=len(kinds))
-    s, mb = np.array(s), np.array(mb)
+    d, kind, s, mb = order_columns(spec.name, num_devices, chunks, m)
     span = max(m, int(mb.max(initial=0)) + 1)
     back = (kind != PARTS["F"]).astype(int)
     step = kind != PARTS["W"]
@@ -103,12 +99,24 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
 
 
 @functools.lru_cache(maxsize=512)
-def device_orders(schedule: str, num_devices: int, chunks: int, m: int) -> tuple[tuple, ...]:
-    """Every device's steps `(kind, stage, micro-batch)` in `schedule`'s order
-    (`ScheduleSpec.order`), memoized: the action graph and the memory replay
+def order_columns(schedule: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
+    """Every device's steps in `schedule`'s order (`ScheduleSpec.order`) as four int columns
+    (device, `PARTS` index of the kind, stage, micro-batch), one row per step, device after
+    device; memoized and read-only: the action graph and the memory replay
     (`memory._holding_states`) of one structure both read them."""
     spec = SCHEDULES[schedule]
-    return tuple(tuple(spec.order(d, num_devices, chunks, m)) for d in range(num_devices))
+    orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
+    kinds, stage, mb = zip(*itertools.chain.from_iterable(orders))  # column by column: faster
+    out = np.stack(
+        [
+            np.repeat(np.arange(num_devices), [len(order) for order in orders]),
+            np.fromiter(map(PARTS.__getitem__, kinds), dtype=int, count=len(kinds)),
+            np.array(stage),
+            np.array(mb),
+        ]
+    )
+    out.flags.writeable = False
+    return out
 
 
 def _edges(steps: _Steps, num: int) -> tuple[np.ndarray, ...]:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetpp.cost.action_graph import device_orders
+from hetpp.cost.action_graph import PARTS, order_columns
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import (
     rank_stored_params,
@@ -196,24 +196,31 @@ def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[H
     its forward to its backward, a split one's W (which needs them), as
     `ScheduleSpec.in_flight` counts; it is pending from its I to its W (torch keeps the weighted
     ops' output gradients for the W, `_pending_bytes`)."""
+    device, kind, stage, _ = order_columns(name, num_devices, chunks, m)
+    starts = np.searchsorted(device, np.arange(num_devices + 1))
+    # each step's stage's place among its device's stages, ascending: its pair of columns
+    key = device * (int(stage.max(initial=0)) + 1) + stage
+    pairs = np.unique(key)
+    local = np.searchsorted(pairs, key) - np.searchsorted(pairs, key - stage)
+    width = 2 * (int(local.max(initial=0)) + 1)
+    # what each step adds: a forward one held, an I one pending; a B or W frees its held
+    # micro-batch, a W ends its pending; the replay is their running sum, device by device
+    delta = np.zeros((len(kind), width), dtype=int)
+    row = np.arange(len(kind))
+    delta[row, 2 * local] = (kind == PARTS["F"]) * 1 - (kind >= PARTS["W"])
+    delta[row, 2 * local + 1] = (kind == PARTS["I"]) * 1 - (kind == PARTS["W"])
+    held = np.cumsum(delta, axis=0)
+    held -= np.concatenate([np.zeros((1, width), dtype=int), held])[starts[device]]
+    adds = (kind == PARTS["F"]) | (kind == PARTS["I"])  # the only steps that add
+    # the states of all devices sorted at once as (device, counts) tuples sort, then distinct
+    states = np.column_stack([device[adds], held[adds]])
+    states = states[np.lexsort(states.T[::-1])]
+    states = states[np.r_[True, (states[1:] != states[:-1]).any(axis=1)]]
+    cut = np.searchsorted(states[:, 0], np.arange(num_devices + 1))
     out = []
-    for order in device_orders(name, num_devices, chunks, m):
-        stages = sorted({s for _, s, _ in order})
-        column = {s: 2 * i for i, s in enumerate(stages)}
-        held = [0] * (2 * len(stages))  # per stage, (micro-batches held, of them pending)
-        seen = set()
-        for kind, stage, _ in order:
-            j = column[stage]
-            if kind == "F":
-                held[j] += 1
-                seen.add(tuple(held))
-            elif kind == "I":
-                held[j + 1] += 1
-                seen.add(tuple(held))
-            else:  # a B or W frees its micro-batch; a W ends its pending
-                held[j] -= 1
-                held[j + 1] -= kind == "W"
-        counts = np.array(sorted(seen), dtype=int).reshape(len(seen), -1)
+    for d in range(num_devices):
+        stages = sorted(set(stage[starts[d] : starts[d + 1]].tolist()))
+        counts = states[cut[d] : cut[d + 1], 1 : 1 + 2 * len(stages)]
         # a state another one holds at least as much of everywhere never is the peak (the
         # states are distinct, so "at least" on every column is "more" somewhere)
         covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
