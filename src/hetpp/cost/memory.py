@@ -166,15 +166,23 @@ def in_flight_counts(
     held = [_held_bytes(c, *span) for c, span in zip(costs, layers)]
     pending = [_pending_bytes(c, *span) for c, span in zip(costs, layers)]
     counts = [(0, 0)] * num
-    for stages, kept, pend in _holding_states(schedule.name, num_devices, num // num_devices, m):
-        # each state's bytes, summed stage after stage as a scalar sum would (the same floats)
-        load = 0
-        for j, s in enumerate(stages):
-            load = load + (held[s] * kept[:, j] + pending[s] * pend[:, j])
-        peak = int(np.argmax(load))  # the first of the largest, as `max` picks
-        for j, s in enumerate(stages):
-            counts[s] = (int(kept[peak, j]), int(pend[peak, j]))
+    for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
+        peak = int(np.argmax(_state_loads(states, held, pending)))  # the first largest
+        for j, s in enumerate(states.stages):
+            counts[s] = (int(states.held[peak, j]), int(states.pending[peak, j]))
     return tuple(counts)
+
+
+def _state_loads(
+    states: HoldingStates, held: Sequence[float], pending: Sequence[float]
+) -> np.ndarray:
+    """Each state's bytes at `held[s]` per held and `pending[s]` per pending micro-batch of
+    stage s, summed stage after stage from 0 as Python's `sum` over the stages would (the same
+    floats)."""
+    load = 0
+    for j, s in enumerate(states.stages):
+        load = load + (held[s] * states.held[:, j] + pending[s] * states.pending[:, j])
+    return load
 
 
 class HoldingStates(NamedTuple):
