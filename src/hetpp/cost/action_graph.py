@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -25,6 +26,11 @@ from hetpp.specs.schedule import SCHEDULES
 PARTS = {"F": 0, "I": 1, "W": 2, "B": 3}
 """Index of a compute step's part in a stage's `[f, i, w, b]` times (a whole backward B takes
 `b`; DualPipeV runs some whole and some split)."""
+
+
+_KIND_CODES = np.zeros(128, dtype=int)
+_KIND_CODES[[ord(kind) for kind in PARTS]] = list(PARTS.values())
+"""`PARTS` indexed by the kind's character code."""
 
 
 class ActionGraph(NamedTuple):
@@ -106,13 +112,16 @@ def order_columns(schedule: str, num_devices: int, chunks: int, m: int) -> np.nd
     (`memory._holding_states`) of one structure both read them."""
     spec = SCHEDULES[schedule]
     orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
-    kinds, stage, mb = zip(*itertools.chain.from_iterable(orders))  # column by column: faster
+    steps = list(itertools.chain.from_iterable(orders))
+    # a column at a time through C iterators (the kinds as one string's bytes): no per-step
+    # Python tuple or list is built
+    kinds = np.frombuffer("".join(map(operator.itemgetter(0), steps)).encode(), dtype=np.uint8)
     out = np.stack(
         [
             np.repeat(np.arange(num_devices), [len(order) for order in orders]),
-            np.fromiter(map(PARTS.__getitem__, kinds), dtype=int, count=len(kinds)),
-            np.array(stage),
-            np.array(mb),
+            _KIND_CODES[kinds],
+            np.fromiter(map(operator.itemgetter(1), steps), dtype=int, count=len(steps)),
+            np.fromiter(map(operator.itemgetter(2), steps), dtype=int, count=len(steps)),
         ]
     )
     out.flags.writeable = False
