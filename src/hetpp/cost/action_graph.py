@@ -14,6 +14,8 @@ the later of its two predecessors plus its own seconds.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -24,6 +26,11 @@ from hetpp.specs.schedule import SCHEDULES
 PARTS = {"F": 0, "I": 1, "W": 2, "B": 3}
 """Index of a compute step's part in a stage's `[f, i, w, b]` times (a whole backward B takes
 `b`; DualPipeV runs some whole and some split)."""
+
+
+_KIND_CODES = np.zeros(128, dtype=int)
+_KIND_CODES[[ord(kind) for kind in PARTS]] = list(PARTS.values())
+"""`PARTS` indexed by the kind's character code."""
 
 
 class ActionGraph(NamedTuple):
@@ -79,9 +86,7 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
     num = num_devices * chunks
     # the device of stages -1 .. num (the two ends: none, never "another device")
     dev = np.array([-1] + [spec.device_index(s, num_devices) for s in range(num)] + [-1])
-    orders = device_orders(spec.name, num_devices, chunks, m)
-    rows = [(d, PARTS[k], s, mb) for d in range(num_devices) for k, s, mb in orders[d]]
-    d, kind, s, mb = np.array(rows, dtype=int).reshape(-1, 4).T
+    d, kind, s, mb = order_columns(spec.name, num_devices, chunks, m)
     span = max(m, int(mb.max(initial=0)) + 1)
     back = (kind != PARTS["F"]).astype(int)
     step = kind != PARTS["W"]
@@ -100,12 +105,27 @@ def _steps(spec, num_devices: int, chunks: int, m: int) -> _Steps:
 
 
 @functools.lru_cache(maxsize=512)
-def device_orders(schedule: str, num_devices: int, chunks: int, m: int) -> tuple[tuple, ...]:
-    """Every device's steps `(kind, stage, micro-batch)` in `schedule`'s order
-    (`ScheduleSpec.order`), memoized: the action graph and the memory replay
+def order_columns(schedule: str, num_devices: int, chunks: int, m: int) -> np.ndarray:
+    """Every device's steps in `schedule`'s order (`ScheduleSpec.order`) as four int columns
+    (device, `PARTS` index of the kind, stage, micro-batch), one row per step, device after
+    device; memoized and read-only: the action graph and the memory replay
     (`memory._holding_states`) of one structure both read them."""
     spec = SCHEDULES[schedule]
-    return tuple(tuple(spec.order(d, num_devices, chunks, m)) for d in range(num_devices))
+    orders = [spec.order(d, num_devices, chunks, m) for d in range(num_devices)]
+    steps = list(itertools.chain.from_iterable(orders))
+    # a column at a time through C iterators (the kinds as one string's bytes): no per-step
+    # Python tuple or list is built
+    kinds = np.frombuffer("".join(map(operator.itemgetter(0), steps)).encode(), dtype=np.uint8)
+    out = np.stack(
+        [
+            np.repeat(np.arange(num_devices), [len(order) for order in orders]),
+            _KIND_CODES[kinds],
+            np.fromiter(map(operator.itemgetter(1), steps), dtype=int, count=len(steps)),
+            np.fromiter(map(operator.itemgetter(2), steps), dtype=int, count=len(steps)),
+        ]
+    )
+    out.flags.writeable = False
+    return out
 
 
 def _edges(steps: _Steps, num: int) -> tuple[np.ndarray, ...]:
@@ -143,38 +163,59 @@ def graph(schedule: str, num_devices: int, chunks: int, m: int) -> ActionGraph:
     num = num_devices * chunks
     steps = _steps(SCHEDULES[schedule], num_devices, chunks, m)
     first, second, took, carries, xfer = _edges(steps, num)
-    n = len(steps.part)
-    transfer_of = np.zeros(n + 1, dtype=int)
-    transfer_of[carries + 1] = xfer
-    need, then = np.where(steps.got >= 0, second[:n], 0).tolist(), transfer_of[1:].tolist()
-    starts = np.searchsorted(steps.device, np.arange(num_devices + 1)).tolist()
-    order, done = [], [True] + [False] * len(first) + [False]
-    pc = starts[:-1]
-    moved = True
-    while moved:  # the wavefront: each device's steps until one's message is not sent yet
-        moved = False
-        for d in range(num_devices):
-            i, end = pc[d], starts[d + 1]
-            while i < end and done[need[i]]:
-                order.append(i + 1)
-                if then[i]:
-                    order.append(then[i])
-                    done[then[i]] = True
-                i += 1
-            moved |= i > pc[d]
-            pc[d] = i
-    if pc != starts[1:]:
+    order = _wavefront(steps, second, carries, xfer, num_devices)
+    if order is None:
         raise ValueError(f"{schedule}: the order deadlocks on {num_devices} devices, m = {m}")
     rank = np.zeros(len(first) + 1, dtype=int)  # node -> its place in the topological order
     rank[order] = np.arange(1, len(order) + 1)
-    order = np.array(order)
     first, second = rank[first[order - 1]].tolist(), rank[second[order - 1]].tolist()
     took = took[order - 1]
-    ends = rank[np.array(starts[1:]) * (np.diff(starts) > 0)]
+    starts = np.searchsorted(steps.device, np.arange(num_devices + 1))
+    ends = rank[starts[1:] * (np.diff(starts) > 0)]
     is_grad = steps.part % 4 >= PARTS["W"]  # a W or a whole B: the stage's last is its grads'
     grads = np.zeros(num, dtype=int)  # (a device's steps come later in the order, one by one)
     np.maximum.at(grads, steps.part[is_grad] // 4, rank[np.flatnonzero(is_grad) + 1])
     return ActionGraph(first, second, took, ends, grads)
+
+
+def _wavefront(
+    steps: _Steps, second: np.ndarray, carries: np.ndarray, xfer: np.ndarray, num_devices: int
+) -> np.ndarray | None:
+    """The nodes in a topological order, None if it deadlocks: device after device, each runs
+    its steps (each followed by the transfer it sends) until one receives a message its sender
+    has not run yet, and again until none moves. The loop visits receiving steps only: the steps
+    between two run as one slice of the device's nodes."""
+    n = len(steps.part)
+    sends = np.zeros(n, dtype=int)
+    sends[carries] = 1
+    # `seq`: every step's node followed by its transfer's; `pos[i]`: step i's place in it
+    pos = np.concatenate([[0], np.cumsum(1 + sends)])
+    seq = np.zeros(pos[-1], dtype=int)
+    seq[pos[:-1]] = np.arange(1, n + 1)
+    seq[pos[carries] + 1] = xfer
+    # per receiving step, the step that sends its message and that one's device (a message
+    # nobody sends: step n on device 0, which never runs past n)
+    recv = np.flatnonzero(steps.got >= 0)
+    sender = np.append(carries, n)[second[recv] - n - 1]
+    sender_dev = np.append(steps.device, 0)[sender]
+    starts = np.searchsorted(steps.device, np.arange(num_devices + 1)).tolist()
+    recv_at = np.searchsorted(recv, starts).tolist()
+    recv, sender, sender_dev = recv.tolist(), sender.tolist(), sender_dev.tolist()
+    pc, k_at, pieces = starts[:-1], recv_at[:-1], []
+    moved = True
+    while moved:
+        moved = False
+        for d in range(num_devices):
+            k, stop = k_at[d], recv_at[d + 1]
+            while k < stop and pc[sender_dev[k]] > sender[k]:
+                k += 1  # its message was sent: the device runs past it
+            i = recv[k] if k < stop else starts[d + 1]
+            if i > pc[d]:
+                pieces.append(seq[pos[pc[d]] : pos[i]])
+                pc[d], k_at[d], moved = i, k, True
+    if pc != starts[1:]:
+        return None
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=int)
 
 
 def path_ends_s(

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetpp.cost.action_graph import device_orders
+from hetpp.cost.action_graph import PARTS, order_columns
 from hetpp.cost.compute import LayerCosts
 from hetpp.cost.params import (
     rank_stored_params,
@@ -167,46 +167,74 @@ def in_flight_counts(
     pending = [_pending_bytes(c, *span) for c, span in zip(costs, layers)]
     counts = [(0, 0)] * num
     for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
-        peak = max(states, key=lambda state: sum(held[s] * k + pending[s] * p for s, k, p in state))
-        for s, k, p in peak:
-            counts[s] = (k, p)
+        peak = int(np.argmax(_state_loads(states, held, pending)))  # the first largest
+        for j, s in enumerate(states.stages):
+            counts[s] = (int(states.held[peak, j]), int(states.pending[peak, j]))
     return tuple(counts)
 
 
+def _state_loads(
+    states: HoldingStates, held: Sequence[float], pending: Sequence[float]
+) -> np.ndarray:
+    """Each state's bytes at `held[s]` per held and `pending[s]` per pending micro-batch of
+    stage s, summed stage after stage from 0 as Python's `sum` over the stages would (the same
+    floats)."""
+    load = 0
+    for j, s in enumerate(states.stages):
+        load = load + (held[s] * states.held[:, j] + pending[s] * states.pending[:, j])
+    return load
+
+
+class HoldingStates(NamedTuple):
+    """One device's candidate peaks in its order's replay (`_holding_states`)."""
+
+    stages: tuple[int, ...]
+    """The device's stages, ascending."""
+    held: np.ndarray
+    """Per state (row) and stage (column), the micro-batches it holds."""
+    pending: np.ndarray
+    """Per state and stage, those of them between their I and their W."""
+
+
 @functools.lru_cache(maxsize=4096)
-def _holding_states(
-    name: str, num_devices: int, chunks: int, m: int
-) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...], ...]:
-    """Per device: the (stage, micro-batches held, of them pending) of its stages after each
-    forward and each I of its order (the only steps that add), those that another holds at least
-    as many of on every stage left out. A micro-batch is held from its forward to its backward, a
-    split one's W (which needs them), as `ScheduleSpec.in_flight` counts; it is pending from its
-    I to its W (torch keeps the weighted ops' output gradients for the W, `_pending_bytes`)."""
+def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[HoldingStates, ...]:
+    """Per device: what its stages hold after each forward and each I of its order (the only
+    steps that add), in ascending order of the (held, pending) counts stage after stage, those
+    that another holds at least as many of on every stage left out. A micro-batch is held from
+    its forward to its backward, a split one's W (which needs them), as
+    `ScheduleSpec.in_flight` counts; it is pending from its I to its W (torch keeps the weighted
+    ops' output gradients for the W, `_pending_bytes`)."""
+    device, kind, stage, _ = order_columns(name, num_devices, chunks, m)
+    starts = np.searchsorted(device, np.arange(num_devices + 1))
+    # each step's stage's place among its device's stages, ascending: its pair of columns
+    key = device * (int(stage.max(initial=0)) + 1) + stage
+    pairs = np.unique(key)
+    local = np.searchsorted(pairs, key) - np.searchsorted(pairs, key - stage)
+    width = 2 * (int(local.max(initial=0)) + 1)
+    # what each step adds: a forward one held, an I one pending; a B or W frees its held
+    # micro-batch, a W ends its pending; the replay is their running sum, device by device
+    delta = np.zeros((len(kind), width), dtype=int)
+    row = np.arange(len(kind))
+    delta[row, 2 * local] = (kind == PARTS["F"]) * 1 - (kind >= PARTS["W"])
+    delta[row, 2 * local + 1] = (kind == PARTS["I"]) * 1 - (kind == PARTS["W"])
+    held = np.cumsum(delta, axis=0)
+    held -= np.concatenate([np.zeros((1, width), dtype=int), held])[starts[device]]
+    adds = (kind == PARTS["F"]) | (kind == PARTS["I"])  # the only steps that add
+    # the states of all devices sorted at once as (device, counts) tuples sort, then distinct
+    states = np.column_stack([device[adds], held[adds]])
+    states = states[np.lexsort(states.T[::-1])]
+    states = states[np.r_[True, (states[1:] != states[:-1]).any(axis=1)]]
+    cut = np.searchsorted(states[:, 0], np.arange(num_devices + 1))
     out = []
-    for order in device_orders(name, num_devices, chunks, m):
-        stages = sorted({s for _, s, _ in order})
-        column = {s: 2 * i for i, s in enumerate(stages)}
-        held = [0] * (2 * len(stages))  # per stage, (micro-batches held, of them pending)
-        seen = set()
-        for kind, stage, _ in order:
-            j = column[stage]
-            if kind == "F":
-                held[j] += 1
-                seen.add(tuple(held))
-            elif kind == "I":
-                held[j + 1] += 1
-                seen.add(tuple(held))
-            else:  # a B or W frees its micro-batch; a W ends its pending
-                held[j] -= 1
-                held[j + 1] -= kind == "W"
-        rows = sorted(seen)
-        states = [tuple(zip(stages, row[0::2], row[1::2])) for row in rows]
-        counts = np.array(rows, dtype=int).reshape(len(rows), -1)
+    for d in range(num_devices):
+        stages = sorted(set(stage[starts[d] : starts[d + 1]].tolist()))
+        counts = states[cut[d] : cut[d + 1], 1 : 1 + 2 * len(stages)]
         # a state another one holds at least as much of everywhere never is the peak (the
         # states are distinct, so "at least" on every column is "more" somewhere)
         covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
         np.fill_diagonal(covers, False)
-        out.append(tuple(a for a, dominated in zip(states, covers.any(axis=1)) if not dominated))
+        kept = counts[~covers.any(axis=1)]
+        out.append(HoldingStates(tuple(stages), kept[:, 0::2], kept[:, 1::2]))
     return tuple(out)
 
 
