@@ -53,6 +53,7 @@ from hetpp.planner.bounds import ideal_time_bound
 from hetpp.planner.layout import CountDP, Layout
 from hetpp.planner.oracle import seeded
 from hetpp.planner.problem import Problem
+from hetpp.planner.schedules import CHUNK_COUNTS
 from hetpp.planner.search import (
     _all_templates,
     _peel,
@@ -128,7 +129,7 @@ def variant_rows(
     rows: list[tuple[tuple[int, ...], TemplateCost]] = []
     meaning: list[Variant] = []
     for comp, t in templates:
-        for v, name, chunks in priced_variants(ctx, t):
+        for v, name, chunks in priced_variants(ctx, t, CHUNK_COUNTS):  # more than hpp ranks
             rows.append((comp, v))
             meaning.append((t, name, chunks))
     return rows, meaning
