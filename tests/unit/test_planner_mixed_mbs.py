@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from dataclasses import replace
 
 import pytest
 from planner_cases import small_model
@@ -15,6 +16,7 @@ from hetpp.planner.balance import PipelineGroup
 from hetpp.planner.mixed_mbs import hand_out, shares
 from hetpp.planner.schedules import _runs
 from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec
+from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 from hetpp.specs.schedule import SCHEDULES
 
@@ -113,3 +115,21 @@ def test_hand_out_gives_the_counts_of_one_micro_batch_at_a_time(seed):
     batch = rng.randint(1, 160)
     want = _one_at_a_time(lines, shapes, sizes, batch)
     assert hand_out(lines, shapes, sizes, batch) == want
+
+
+def test_a_plan_short_of_its_batch_never_leaves_the_planner(monkeypatch):
+    """The planner checks its result as it checks a plan file: a search slip that drops
+    samples (stop 27: `_settle` trained 768 of 1024) is an error, not a plan."""
+    import hetpp.planner as planner_api
+
+    real = planner_api.search_with_sharding
+
+    def short(problem, run, limit):
+        got = real(problem, run, limit)
+        pipes = list(got.plan.pipelines)
+        pipes[0] = pipes[0].model_copy(update={"num_micro_batches": pipes[0].num_micro_batches + 1})
+        return replace(got, plan=got.plan.model_copy(update={"pipelines": tuple(pipes)}))
+
+    monkeypatch.setattr(planner_api, "search_with_sharding", short)
+    with pytest.raises(SpecError, match="expected global_batch = 32"):
+        plan(_problem(SIZES), "hpp")

@@ -85,7 +85,10 @@ def plan(
             return search_hpp(p, progress, limit_s)
         return STRATEGIES[strategy](p, progress)
 
-    return search_with_sharding(problem, run, time_limit_s)
+    result = search_with_sharding(problem, run, time_limit_s)
+    if result.feasible:  # checked as a plan file is: a slip (samples short of the batch) fails
+        result.plan.validate_plan(problem.cluster)  # here, not silently in training
+    return result
 
 
 __all__ = [
