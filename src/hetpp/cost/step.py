@@ -391,12 +391,7 @@ def _pipeline_rows(cm: CostModel, pipe: PipelinePlan, shards: int) -> KindCost:
         starts.append(at)
         at += f + c
     slots = _slots(devices)
-    free = []
-    for slot in slots:
-        t = 0.0
-        for s in slot:
-            t = max(t, done[s])
-        free.append(t)
+    free = [max(done[s] for s in slot) for slot in slots]  # each device's last backward
     opt = tuple(
         device_optimizer_time_s(cm, [pipe.stages[s] for s in slot], shards) for slot in slots
     )

@@ -50,7 +50,8 @@ Split = Literal["balanced", "equal"]
 CHUNK_COUNTS = {"one": (1,), "loop": (2, 3, 4), "v": (2,)}
 """Chunk counts tried per placement (more chunks: a smaller bubble, more hops and memory). The
 loop placement takes any count in torch; 3 and 4 win on lab-64 llama2-7b and dc-128's three rows
-of `bench/planner.py` (docs/benchmarks-planner.md, "Loop chunk counts")."""
+of `bench/planner.py` (docs/benchmarks-planner.md, "Loop-placed schedules at 3 and 4 chunks
+per device")."""
 
 
 def choose_schedules(

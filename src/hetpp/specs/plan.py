@@ -395,8 +395,8 @@ def derive_grad_blocks(plan: Plan) -> tuple[GradBlock, ...]:
     cuts = sorted(
         {0, plan.layer_list_len} | {s.layers[0] for p in plan.pipelines for s in p.stages}
     )
-    # Each pipeline's owner of every block, walking its stages along the sorted cuts (a scan
-    # per block and pipeline is quadratic in the stages of a large plan).
+    # Each pipeline's owner of every block, its stage found by bisection on the stage ends (a
+    # scan per block and pipeline is quadratic in the stages of a large plan).
     owners = zip(
         *([p.stages[s].devices[0] for s in _stages_at(p, cuts[:-1])] for p in plan.pipelines)
     )
