@@ -164,3 +164,34 @@ def test_unsupported_hf_family_is_a_clear_error(tmp_path):
 def test_seq_len_beyond_model_is_rejected():
     with pytest.raises(SpecError, match="exceeds the model's max_seq_len 2048"):
         load_model("gpt3-1.3b", 4096)
+
+
+@pytest.mark.parametrize("name", ["gpt3-1.3b", "llama3-8b", "sandwich"])
+def test_half_unit_layer_list_splits_each_block_into_parts_that_add_up(name):
+    if name == "sandwich":  # Gemma-2's norms after attention and MLP: one more per half
+        config = PRESETS["tiny-llama"].model_copy(update={"sandwich_norm": True})
+        spec = ModelSpec(config=config, seq_len=64)
+    else:
+        spec = load_model(name, 1024)
+    halves = spec.with_unit("half")
+    c = halves.config
+    assert halves.layer_list_len == 2 * c.num_layers + 2 == c.head_index + 1
+    kinds = [layer.kind for layer in halves.layers]
+    assert kinds == ["embedding"] + ["attention", "mlp"] * c.num_layers + ["head"]
+    assert [c.layer_kind(i) for i in range(c.layer_list_len)] == kinds
+    assert [c.block_of(i) for i in (1, 2, 3, 2 * c.num_layers)] == [0, 0, 1, c.num_layers - 1]
+    block, (attn, mlp) = spec.layers[1], halves.layers[1:3]
+    assert block == spec.block_layer == halves.block_layer
+    for field in ("params", "fwd_flops_per_token", "saved_bytes_per_sample"):
+        assert getattr(attn, field) + getattr(mlp, field) == getattr(block, field)
+    assert attn.send_bytes_per_sample == mlp.send_bytes_per_sample == block.send_bytes_per_sample
+    assert halves.total_params == spec.total_params
+    # boundaries: block-unit position b is half-unit position 2b - 1 and back
+    for b in range(spec.layer_list_len):
+        assert c.in_blocks(c.in_halves(b)) == b
+
+
+def test_half_unit_refuses_parallel_residual_blocks():
+    fields = {**PRESETS["gpt3-1.3b"].model_dump(), "parallel_residual": True}
+    with pytest.raises(ValueError, match="parallel_residual"):
+        type(PRESETS["gpt3-1.3b"]).model_validate({**fields, "layer_unit": "half"})

@@ -1,8 +1,9 @@
 """Model specs: an architecture config, and the per-layer list the cost model reads.
 
 A model is embedding, `num_layers` transformer blocks, then head (final norm + LM head + loss),
-so layer index 0 is the embedding and index `num_layers + 1` the head. Stages own `[start, end)`
-ranges of that list. Byte counts assume the activation dtype of `dtype_bytes` and
+so layer index 0 is the embedding and the last index (`ModelConfig.head_index`) the head; with
+`layer_unit: half` each block is two entries, its attention half and its MLP half. Stages own
+`[start, end)` ranges of that list. Byte counts assume the activation dtype of `dtype_bytes` and
 `scaled_dot_product_attention` (flash/memory-efficient kernels keep no seq x seq scores).
 """
 
@@ -15,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from hetpp.specs.limits import MAX_LAYERS
 
-LayerKind = Literal["embedding", "block", "head"]
+LayerKind = Literal["embedding", "block", "attention", "mlp", "head"]
+LayerUnit = Literal["block", "half"]
+BLOCK_KINDS = ("block", "attention", "mlp")
+"""The kinds that are a transformer block or a half of one (what TP splits and recomputation
+runs again)."""
 Activation = Literal["gelu_tanh", "gelu", "silu", "relu"]
 HfModelType = Literal["llama", "mistral", "qwen2", "gpt2", "gpt_neox", "phi3", "gemma2"]
 
@@ -102,6 +107,12 @@ class ModelConfig(BaseModel):
     get init_std / sqrt(2 * num_layers), as GPT-2); weights from --init-from replace them."""
     hf_model_type: HfModelType | None = None
     """The Hugging Face architecture this config came from (and is exported as)."""
+    layer_unit: LayerUnit = "block"
+    """How the layer list cuts the blocks (partitioning, not architecture: the same weights and
+    the same training either way). "block": one entry per transformer block. "half": two, the
+    attention half (norm, attention, residual add) and the MLP half (norm, MLP, residual add),
+    so a stage may end mid-block and a slow device can hold half a block less than a whole one.
+    Not with `parallel_residual` (both halves read the block's input)."""
 
     @model_validator(mode="after")
     def _shapes(self) -> ModelConfig:
@@ -113,7 +124,45 @@ class ModelConfig(BaseModel):
             raise ValueError("rope_scaling and rotary_fraction need position: rope")
         if self.rotary_dim % 2:
             raise ValueError("rotary_fraction * head_dim must be even")
+        if self.layer_unit == "half" and self.parallel_residual:
+            raise ValueError(
+                "layer_unit half needs sequential residual blocks (parallel_residual: false)"
+            )
         return self
+
+    @property
+    def layer_list_len(self) -> int:
+        """Entries of the layer list: embedding, the blocks (two per block at `layer_unit`
+        half), head."""
+        return self.num_layers * (2 if self.layer_unit == "half" else 1) + 2
+
+    @property
+    def head_index(self) -> int:
+        """Index of the head, the layer list's last entry."""
+        return self.layer_list_len - 1
+
+    def layer_kind(self, index: int) -> LayerKind:
+        """What layer `index` of the layer list is."""
+        if index == 0:
+            return "embedding"
+        if index == self.head_index:
+            return "head"
+        if self.layer_unit == "block":
+            return "block"
+        return "attention" if index % 2 else "mlp"
+
+    def block_of(self, index: int) -> int:
+        """The block (0-based among the blocks) that layer `index` is or is a half of."""
+        return index - 1 if self.layer_unit == "block" else (index - 1) // 2
+
+    def in_blocks(self, index: int) -> int:
+        """Layer-list position `index` (a stage boundary) as an index of the layer list at
+        `layer_unit` block, rounded down where it falls mid-block."""
+        return index if self.layer_unit == "block" or index == 0 else (index + 1) // 2
+
+    def in_halves(self, index: int) -> int:
+        """A boundary of the block-unit layer list (`layer_unit` block) in the half-unit one."""
+        return 0 if index == 0 else 2 * index - 1
 
     @property
     def padded_vocab(self) -> int:
@@ -173,7 +222,9 @@ class ModelConfig(BaseModel):
         """The first field in which two architectures differ (the name and origin aside)."""
         a, b = self.resolved(), other.resolved()
         for key in type(self).model_fields:
-            if key not in ("name", "hf_model_type") and getattr(a, key) != getattr(b, key):
+            if key in ("name", "hf_model_type", "layer_unit"):
+                continue
+            if getattr(a, key) != getattr(b, key):
                 return key
         return None
 
@@ -239,18 +290,29 @@ class ModelSpec(BaseModel):
 
     @property
     def layer_list_len(self) -> int:
-        """Length of the layer list: blocks + embedding + head (`config.num_layers` counts the
+        """Length of the layer list (`ModelConfig.layer_list_len`; `config.num_layers` counts the
         blocks only)."""
-        return self.config.num_layers + 2
+        return self.config.layer_list_len
 
     @cached_property
     def layers(self) -> tuple[LayerSpec, ...]:
         c, s, d = self.config, self.seq_len, self.dtype_bytes
-        emb, block, head = _embedding(c, s, d), _block(c, s, d), _head(c, s, d)
-        out = [LayerSpec(index=0, **emb)]
-        out += [LayerSpec(index=i + 1, **block) for i in range(c.num_layers)]
-        out.append(LayerSpec(index=c.num_layers + 1, **head))
-        return tuple(out)
+        halves = _block_halves(c, s, d)
+        blocks = halves if c.layer_unit == "half" else (_whole_block(*halves),)
+        out = [_embedding(c, s, d), *blocks * c.num_layers, _head(c, s, d)]
+        return tuple(LayerSpec(index=i, **layer) for i, layer in enumerate(out))
+
+    @cached_property
+    def block_layer(self) -> LayerSpec:
+        """One whole transformer block (whatever `layer_unit`): measured and estimated block
+        costs are per block, and a half's share of them is its share of the block's FLOPs."""
+        c, s, d = self.config, self.seq_len, self.dtype_bytes
+        return LayerSpec(index=1, **_whole_block(*_block_halves(c, s, d)))
+
+    def with_unit(self, unit: LayerUnit) -> ModelSpec:
+        """The same model with its layer list cut at `unit`."""
+        config = self.config.model_copy(update={"layer_unit": unit})
+        return self.model_copy(update={"config": config})
 
     @property
     def total_params(self) -> int:
@@ -269,20 +331,7 @@ def _norm_params(c: ModelConfig) -> int:
 
 def block_params(c: ModelConfig) -> int:
     """Parameters of one transformer block."""
-    h, f, q, kvd = c.hidden_size, c.ffn_hidden_size, c.q_dim, c.kv_heads * c.head_dim
-    qkv = h * (q + 2 * kvd) + (q + 2 * kvd if c.qkv_bias else 0)
-    out = q * h + (h if c.dense_bias else 0)
-    gates = 2 if c.gated else 1
-    mlp = (gates + 1) * h * f + ((gates * f + h) if c.has_mlp_bias else 0)
-    norms = 4 if c.sandwich_norm else 2
-    return qkv + out + mlp + norms * _norm_params(c)
-
-
-def _block_whole_under_tp(c: ModelConfig) -> int:
-    """Parameters of one block that TP leaves whole on every rank (`runtime.tp`): the norms'
-    weights (and biases) and the biases of the attention output and MLP down projections."""
-    norms = (4 if c.sandwich_norm else 2) * _norm_params(c)
-    return norms + c.hidden_size * (int(c.dense_bias) + int(c.has_mlp_bias))
+    return sum(half["params"] for half in _block_halves(c, 1, 1))
 
 
 def _rms_upcast_bytes(c: ModelConfig, s: int) -> int:
@@ -292,37 +341,57 @@ def _rms_upcast_bytes(c: ModelConfig, s: int) -> int:
     return 0 if c.family == "gpt" else s * c.hidden_size * 4
 
 
-def _block(c: ModelConfig, s: int, d: int) -> dict:
+def _block_halves(c: ModelConfig, s: int, d: int) -> tuple[dict, dict]:
+    """A block's attention half and MLP half (`layer_unit` half), each with what it owns, runs,
+    keeps and sends; a whole block is their sum (`_whole_block`)."""
     h, f, q, kvd = c.hidden_size, c.ffn_hidden_size, c.q_dim, c.kv_heads * c.head_dim
-    matmul = h * (q + 2 * kvd) + q * h + (3 if c.gated else 2) * h * f
-    attn = 4 * s * q  # QK^T and AV over the full (unmasked) sequence, per token
-    kv_frac = kvd / h
+    gates = 2 if c.gated else 1
+    half_norms = 2 if c.sandwich_norm else 1  # per half: the pre-norm (and Gemma's post-norm)
     if c.family == "gpt":
-        # norm in/out x2, q/k/v, attention out; MLP in, activation in, activation out.
-        saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1) + 2 * f
+        # norm in/out, q/k/v, attention out | norm in/out (the MLP's input), activation in/out
+        attn_saved, mlp_saved = 4 * h + 2 * kvd, 2 * h + 2 * f
     else:
-        # as GPT plus rotated q/k, SwiGLU gate/up/act/prod; and each RMSNorm's float32 copy.
-        saved_elems = h * (2 + 2 + 1 + 2 * kv_frac + 1 + 1 + kv_frac) + 4 * f
-    whole_elems = h * (2 + 2)  # the norms' in/out and their fp32 copies: on every TP rank
-    norms = 4 if c.sandwich_norm else 2
+        # as GPT plus rotated q/k | SwiGLU gate/up/act/prod; each RMSNorm's float32 copy
+        attn_saved, mlp_saved = 5 * h + 3 * kvd, 2 * h + 4 * f
     # outputs of the weighted ops (`weight_grad_input_bytes_per_sample`): column-parallel q, k,
-    # v and MLP up (and gate); row-parallel out and down, and the norms, whole under TP
-    row_and_norms = h * (2 + norms)
-    weighted_elems = q + 2 * kvd + (2 if c.gated else 1) * f + row_and_norms
-    n = block_params(c)
-    return dict(
-        kind="block",
-        params=n,
-        stored_params=n,
-        params_whole_under_tp=_block_whole_under_tp(c),
-        fwd_flops_per_token=2.0 * matmul + attn,
-        send_bytes_per_sample=s * h * d,
-        saved_bytes_per_sample=int(s * saved_elems * d) + 2 * _rms_upcast_bytes(c, s),
-        saved_bytes_recompute_per_sample=s * h * d,
-        saved_bytes_whole_under_tp_per_sample=s * whole_elems * d + 2 * _rms_upcast_bytes(c, s),
-        weight_grad_input_bytes_per_sample=s * weighted_elems * d,
-        weight_grad_input_whole_under_tp_per_sample=s * row_and_norms * d,
-    )
+    # v | MLP up (and gate); row-parallel out | down, and the norms, whole under TP
+    row_and_norms = h * (1 + half_norms)
+    norms = half_norms * _norm_params(c)
+    qkv = h * (q + 2 * kvd) + (q + 2 * kvd if c.qkv_bias else 0)
+    attn_params = qkv + q * h + (h if c.dense_bias else 0) + norms
+    mlp_params = (gates + 1) * h * f + ((gates * f + h) if c.has_mlp_bias else 0) + norms
+    upcast = _rms_upcast_bytes(c, s)
+
+    def half(params, whole, flops, saved, weighted) -> dict:
+        return dict(
+            kind="half",
+            params=params,
+            stored_params=params,
+            params_whole_under_tp=whole,
+            fwd_flops_per_token=flops,
+            send_bytes_per_sample=s * h * d,
+            saved_bytes_per_sample=s * saved * d + upcast,
+            saved_bytes_recompute_per_sample=s * h * d,
+            saved_bytes_whole_under_tp_per_sample=s * 2 * h * d + upcast,
+            weight_grad_input_bytes_per_sample=s * (weighted + row_and_norms) * d,
+            weight_grad_input_whole_under_tp_per_sample=s * row_and_norms * d,
+        )
+
+    # QK^T and AV over the full (unmasked) sequence, per token: 4 s q
+    attn_flops = 2.0 * (h * (q + 2 * kvd) + q * h) + 4 * s * q
+    attn = half(attn_params, norms + h * c.dense_bias, attn_flops, attn_saved, q + 2 * kvd)
+    mlp_flops = 2.0 * (gates + 1) * h * f
+    mlp = half(mlp_params, norms + h * c.has_mlp_bias, mlp_flops, mlp_saved, gates * f)
+    return {**attn, "kind": "attention"}, {**mlp, "kind": "mlp"}
+
+
+def _whole_block(attn: dict, mlp: dict) -> dict:
+    """A transformer block: its two halves' sums, but one input kept under recomputation and
+    one activation sent."""
+    out = {k: attn[k] + mlp[k] for k in attn if k != "kind"}
+    for key in ("send_bytes_per_sample", "saved_bytes_recompute_per_sample"):
+        out[key] = attn[key]
+    return {**out, "kind": "block"}
 
 
 def _embedding(c: ModelConfig, s: int, d: int) -> dict:

@@ -197,8 +197,8 @@ class Plan(BaseModel):
 
     @property
     def layer_list_len(self) -> int:
-        """Length of the model's layer list: blocks + embedding + head."""
-        return self.model.num_layers + 2
+        """Length of the model's layer list: embedding, blocks (or their halves), head."""
+        return self.model.layer_list_len
 
     @property
     def num_devices(self) -> int:
@@ -282,7 +282,8 @@ def _check_pipeline(
     if expect != plan.layer_list_len:
         raise SpecError(
             f"stages end at layer {expect}, expected {plan.layer_list_len} "
-            f"(the model's {plan.model.num_layers} blocks + embedding + head)",
+            f"(embedding, the model's {plan.model.num_layers} blocks"
+            f"{' in halves' if plan.model.layer_unit == 'half' else ''}, head)",
             field=f"{where}.stages",
         )
     spec = pipe.schedule_in(plan.train)
@@ -377,6 +378,8 @@ def tp_divisibility_error(model: ModelConfig, degree: int) -> str | None:
 
 def _check_tp_group(plan: Plan, st: StagePlan, cluster: Cluster | None, field: str) -> None:
     why = tp_divisibility_error(plan.model, st.tp)
+    if plan.model.layer_unit == "half":
+        why = "the model's layer_unit is half; tensor-parallel stages run whole blocks"
     if why:
         raise SpecError(f"a tensor-parallel group of {st.tp} devices: {why}", field=field)
     if cluster is None:
