@@ -173,6 +173,7 @@ def test_half_unit_layer_list_splits_each_block_into_parts_that_add_up(name):
         spec = ModelSpec(config=config, seq_len=64)
     else:
         spec = load_model(name, 1024)
+    assert len(spec.layers) == spec.layer_list_len  # cached: the half-unit copy builds its own
     halves = spec.with_unit("half")
     c = halves.config
     assert halves.layer_list_len == 2 * c.num_layers + 2 == c.head_index + 1
@@ -187,8 +188,9 @@ def test_half_unit_layer_list_splits_each_block_into_parts_that_add_up(name):
     assert attn.send_bytes_per_sample == mlp.send_bytes_per_sample == block.send_bytes_per_sample
     assert halves.total_params == spec.total_params
     # boundaries: block-unit position b is half-unit position 2b - 1 and back
-    for b in range(spec.layer_list_len):
+    for b in range(spec.layer_list_len + 1):
         assert c.in_blocks(c.in_halves(b)) == b
+    assert c.in_halves(spec.layer_list_len) == c.layer_list_len
 
 
 def test_half_unit_refuses_parallel_residual_blocks():

@@ -17,7 +17,7 @@ from hetpp.profile.table import LAYER_KINDS, ProfileTable
 from hetpp.specs.catalog import GpuType
 from hetpp.specs.cluster import Cluster, Link
 from hetpp.specs.errors import SpecError
-from hetpp.specs.model import ModelSpec
+from hetpp.specs.model import BLOCK_KINDS, LayerSpec, ModelSpec
 from hetpp.specs.trainspec import TrainSpec
 
 
@@ -142,6 +142,8 @@ class CostModel:
         all-reduces cross `tp_link` (None: the fastest fabric of a node of this type,
         `cost.comm.tp_link`)."""
         recompute = self.train.recompute if recompute is None else recompute
+        if tp > 1 and self.model.config.layer_unit == "half":
+            raise ValueError("tensor-parallel stages run whole blocks (layer_unit block)")
         if tp > 1 and tp_link is None:
             tp_link = tp_link_for_type(self.cluster, gpu.name)
         key = (gpu.name.lower(), mbs, recompute, tp, tp_link if tp > 1 else None)
@@ -157,13 +159,8 @@ class CostModel:
         table = self.profiles.for_gpu(gpu.name) if measured else None
         fwd, bwd, again_s, saved, full, kept = [], [], [], [], [], []
         for layer in layers:
-            split = tp if layer.kind == "block" else 1  # `cost.tp`: blocks only
-            if table is not None:
-                f, b, _ = table.lookup(gpu.name, layer.kind, mbs / split)
-                act = table.lookup(gpu.name, layer.kind, mbs)[2]
-            else:
-                f, b = estimate_layer(layer, self.model, mbs / split, gpu, self.calibration)
-                act = layer.saved_bytes_per_sample * mbs
+            split = tp if layer.kind in BLOCK_KINDS else 1  # `cost.tp`: blocks only
+            f, b, act = self._measured_or_estimated(table, gpu, layer, mbs, split)
             grads = layer.weight_grad_input_bytes_per_sample * mbs
             if split > 1:
                 comm = tp_allreduce_s(layer.send_bytes_per_sample * mbs, split, tp_link)
@@ -173,7 +170,7 @@ class CostModel:
                 grads = tp_saved_bytes(grads, whole, split)
             # The runtime recomputes transformer blocks only (runtime/recompute.py): the
             # embedding and the head keep their activations and run forward once.
-            again = recompute and layer.kind == "block"
+            again = recompute and layer.kind in BLOCK_KINDS
             fwd.append(f)
             again_s.append(f if again else 0.0)
             bwd.append(b + again_s[-1])
@@ -193,3 +190,24 @@ class CostModel:
             source="measured" if measured else "estimated",
             tp=tp,
         )
+
+    def _measured_or_estimated(
+        self, table: ProfileTable | None, gpu: GpuType, layer: LayerSpec, mbs: int, split: int
+    ) -> tuple[float, float, float]:
+        """(forward s, backward s, saved bytes) of `layer` at `mbs` samples, its compute split
+        over `split` TP ranks: the profile's row where the GPU type is measured, else the
+        estimator. A half block (`layer_unit` half) takes its share of the whole block's: of
+        its FLOPs for time, of its activations for bytes (profiles and the estimator's fit are
+        per block)."""
+        whole = self.model.block_layer if layer.kind in ("attention", "mlp") else layer
+        if table is not None:
+            f, b, _ = table.lookup(gpu.name, whole.kind, mbs / split)
+            act = table.lookup(gpu.name, whole.kind, mbs)[2]
+        else:
+            f, b = estimate_layer(whole, self.model, mbs / split, gpu, self.calibration)
+            act = whole.saved_bytes_per_sample * mbs
+        if whole is layer:
+            return f, b, act
+        time_share = layer.fwd_flops_per_token / whole.fwd_flops_per_token
+        byte_share = layer.saved_bytes_per_sample / whole.saved_bytes_per_sample
+        return f * time_share, b * time_share, act * byte_share

@@ -16,12 +16,12 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from hetpp.specs.model import LayerSpec, ModelSpec
+from hetpp.specs.model import BLOCK_KINDS, LayerSpec, ModelSpec
 
 
 def _tp_split(layer: LayerSpec) -> int:
     """Parameters of `layer` that TP splits over its ranks (a block's but the whole ones)."""
-    return layer.params - layer.params_whole_under_tp if layer.kind == "block" else 0
+    return layer.params - layer.params_whole_under_tp if layer.kind in BLOCK_KINDS else 0
 
 
 def tied_copy_params(model: ModelSpec) -> int:

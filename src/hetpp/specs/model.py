@@ -156,13 +156,18 @@ class ModelConfig(BaseModel):
         return index - 1 if self.layer_unit == "block" else (index - 1) // 2
 
     def in_blocks(self, index: int) -> int:
-        """Layer-list position `index` (a stage boundary) as an index of the layer list at
-        `layer_unit` block, rounded down where it falls mid-block."""
-        return index if self.layer_unit == "block" or index == 0 else (index + 1) // 2
+        """Boundary `index` of this layer list (a stage's start or end) in the block-unit one,
+        rounded down where it falls mid-block."""
+        if self.layer_unit == "block" or index == 0:
+            return index
+        return self.num_layers + 2 if index == self.layer_list_len else (index + 1) // 2
 
     def in_halves(self, index: int) -> int:
-        """A boundary of the block-unit layer list (`layer_unit` block) in the half-unit one."""
-        return 0 if index == 0 else 2 * index - 1
+        """Boundary `index` of the block-unit layer list in the half-unit one: block b starts
+        at its attention half, the end of the list stays its end."""
+        if index == 0:
+            return 0
+        return 2 * self.num_layers + 2 if index == self.num_layers + 2 else 2 * index - 1
 
     @property
     def padded_vocab(self) -> int:
@@ -312,7 +317,8 @@ class ModelSpec(BaseModel):
     def with_unit(self, unit: LayerUnit) -> ModelSpec:
         """The same model with its layer list cut at `unit`."""
         config = self.config.model_copy(update={"layer_unit": unit})
-        return self.model_copy(update={"config": config})
+        # built anew: `model_copy` would carry the cached `layers` over
+        return ModelSpec(config=config, seq_len=self.seq_len, dtype_bytes=self.dtype_bytes)
 
     @property
     def total_params(self) -> int:

@@ -1,0 +1,61 @@
+"""`planner.halves`: a plan moved to the half-block layer list costs what it did, and the stage
+DP and climb there can end a stage mid-block where whole blocks leave a fast and slow pair
+unbalanced."""
+
+import pytest
+
+from hetpp.planner import plan as run_planner
+from hetpp.planner.assemble import evaluate
+from hetpp.planner.halves import can_halve, halved_problem, halves_if_faster, in_halves
+from hetpp.planner.sharding import sharded_problem
+from tests.unit.planner_cases import cluster, problem
+
+
+def _problem():
+    # gpt3-1.3b over 2 A100s and 2 RTX 4090s in one pipeline (`halves_if_faster` finds a
+    # 2.1% shorter step)
+    cl = cluster(("A100-80GB", 2, 1), ("RTX-4090", 2, 1))
+    return problem(cl, "gpt3-1.3b", 16, sharding_mode="targeted")
+
+
+def _costing_problem(p, plan):
+    """The problem a plan of the search was costed with (sharded plans: `sharded_problem`)."""
+    return sharded_problem(p) if plan.sharding == "optimizer" else p
+
+
+@pytest.mark.parametrize("model", ["gpt3-350m", "llama2-7b"])
+def test_a_plan_on_half_blocks_with_its_cuts_costs_the_same(model):
+    cl = cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1))
+    p = problem(cl, model, 32, seq=512, sharding_mode="targeted")
+    got = run_planner(p)
+    base = _costing_problem(p, got.plan)
+    moved = in_halves(got.plan)
+    moved.validate_plan(cl)
+    assert moved.model.layer_unit == "half" and can_halve(base, got.plan)
+    assert [st.layers[1] % 2 for pipe in moved.pipelines for st in pipe.stages[:-1]] == [1] * (
+        sum(len(pipe.stages) - 1 for pipe in moved.pipelines)
+    )  # every cut at a block's start (its attention half)
+    again = evaluate(halved_problem(base), moved)
+    # the same layer costs in halves: prefix sums over twice the entries round differently
+    assert again.iteration_time_s == pytest.approx(got.iteration_time_s, rel=1e-12)
+    assert again.pipeline_time_s == pytest.approx(got.step.pipeline_time_s, rel=1e-12)
+
+
+def test_halves_end_a_stage_mid_block_where_that_is_faster():
+    p = _problem()
+    got = run_planner(p)
+    base = _costing_problem(p, got.plan)
+    plan, step = halves_if_faster(base, got.plan, got.step)
+    assert step.iteration_time_s < 0.99 * got.iteration_time_s
+    plan.validate_plan(p.cluster)
+    cuts = [st.layers[1] for pipe in plan.pipelines for st in pipe.stages[:-1]]
+    assert any(c % 2 == 0 for c in cuts)  # a stage ends after an attention half
+    assert evaluate(halved_problem(base), plan).iteration_time_s == step.iteration_time_s
+
+
+def test_tensor_parallel_and_fsdp_plans_stay_at_whole_blocks():
+    p = _problem()
+    got = run_planner(p)
+    full = got.plan.model_copy(update={"sharding": "full"})
+    assert not can_halve(p, full)
+    assert halves_if_faster(p, full, got.step) == (full, got.step)
