@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hetpp.cli.main import main
+from hetpp.runtime import checkpoint
 from hetpp.runtime.hf_weights import SINGLE_FILE, export_stage, load_stage
 from hetpp.runtime.model import BlockHalf, StageModule
 from hetpp.runtime.recompute import recompute_blocks
@@ -80,3 +82,20 @@ def test_export_writes_the_block_unit_files_and_a_half_stage_imports_them(name, 
     for i in range(2, 6):
         for n, p in part.layer(i).named_parameters():
             assert torch.equal(p, want[f"{c.block_of(i) + 1}.{n}"]), (i, n)
+
+
+def test_hetpp_export_of_a_half_unit_checkpoint_writes_the_block_unit_files(tmp_path):
+    c = _halved("tiny-llama")
+    model = StageModule(c, 0, c.layer_list_len, seed=5, dtype=torch.float32)
+    meta = checkpoint.CheckpointMeta(
+        step=1, samples=8, seed=5, optimizer="sgd", model=c.model_dump(mode="json")
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    layers = list(range(c.layer_list_len))
+    checkpoint.save(tmp_path / "ckpt", meta, model, opt, layers, rank=0, barrier=lambda: None)
+    argv = ["export", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hf", str(tmp_path / "hf")]
+    assert main(argv) == 0
+    blocks = PRESETS["tiny-llama"]
+    export_stage(StageModule(blocks, 0, blocks.layer_list_len, 5, torch.float32), tmp_path / "ref")
+    for f in (SINGLE_FILE, "config.json"):
+        assert (tmp_path / "hf" / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
