@@ -76,6 +76,7 @@ def make_plan(
     precision: str = "fp32",
     cluster_devices: int = 8,
     slow_gpu: str | None = None,
+    layer_unit: str = "block",
 ) -> Plan:
     return Plan(
         global_batch=sum(p.batch for p in pipelines),
@@ -83,7 +84,7 @@ def make_plan(
         schedule=schedule,
         precision=precision,
         pipelines=tuple(pipelines),
-        model=PRESETS[model],
+        model=PRESETS[model].model_copy(update={"layer_unit": layer_unit}),
         cluster=cluster(cluster_devices, slow_gpu),
     ).validate_plan()
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("no complete checkpoint here", file=args.checkpoint_dir)
     meta = checkpoint.read_meta(path)
     c = validate_model(ModelConfig, meta.model, str(path / "meta.json"))
-    stage = StageModule(c, 0, c.num_layers + 2, seed=0, dtype=torch.float32)
+    stage = StageModule(c, 0, c.layer_list_len, seed=0, dtype=torch.float32)
     # checkpoint.load also restores optimizer state: a throwaway optimizer receives it.
     checkpoint.load(path, stage, torch.optim.SGD(stage.parameters(), lr=0.0))
     tokenizer = _tokenizer_files(Path(args.tokenizer_from)) if args.tokenizer_from else []

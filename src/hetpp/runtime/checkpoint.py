@@ -33,7 +33,6 @@ from hetpp.runtime.checkpoint_meta import (
     LayerRecord,
     latest,
     layer_file,
-    layer_kind,
     read_meta,
     sha256,
 )
@@ -93,7 +92,7 @@ def _write_layer(tmp: Path, stage: Stage, opt: State, index: int) -> None:
     record = LayerRecord(
         sha256=sha256(data),
         layer=index,
-        kind=layer_kind(index, stage.config.num_layers),
+        kind=stage.config.layer_kind(index),
         shapes={n: tuple(t.shape) for n, t in state["params"].items()},
     )
     finite = all(bool(torch.isfinite(t).all()) for t in state["params"].values())

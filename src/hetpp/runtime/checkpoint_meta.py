@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from hetpp.specs.errors import SpecError
 from hetpp.specs.io import parse_mapping, read_text, validate_model
+from hetpp.specs.model import ModelConfig
 
 FORMAT = 2
 """2: per-file checksums and layer identities in `files`. Format 1 (no `files`) still loads."""
@@ -63,10 +64,6 @@ def layer_file(index: int) -> str:
     return f"layer_{index:04d}.pt"
 
 
-def layer_kind(index: int, num_blocks: int) -> str:
-    return "embedding" if index == 0 else "head" if index == num_blocks + 1 else "block"
-
-
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -102,7 +99,7 @@ def check_resumable(path: Path, model: dict, optimizer: str, seed: int) -> Check
             file=str(path),
         )
     if meta.format >= 2:
-        want = {layer_file(i) for i in range(model["num_layers"] + 2)}
+        want = {layer_file(i) for i in range(ModelConfig.model_validate(model).layer_list_len)}
         missing = sorted(want - set(meta.files))
         if missing:
             raise SpecError(f"no record of {missing[0]}", file=str(Path(path) / "meta.json"))

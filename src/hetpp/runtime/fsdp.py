@@ -57,7 +57,7 @@ def shard(model: StageModule, world: int, device: torch.device, precision: Preci
         param_dtype=precision.compute_dtype,
         reduce_dtype=precision.reduce_dtype if precision.compute_dtype else None,
     )
-    for i in range(1, model.config.num_layers + 1):
+    for i in range(1, model.config.head_index):
         fully_shard(model.layer(i), mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for m in model.modules():

@@ -111,12 +111,12 @@ def layer_groups(c: ModelConfig, index: int, params: list[str]) -> list[Group]:
     block, (blocks, emb, norm, head) = _names(family)
     if index == 0:
         return [Group((p,), (f"{emb[p.split('.')[0]]}.weight",)) for p in params]
-    if index == c.num_layers + 1:
+    if index == c.head_index:
         return [
             Group((p,), (f"{head if p.startswith('lm_head') else norm}.{p.split('.')[-1]}",))
             for p in params
         ]
-    pre = f"{blocks}.{index - 1}"
+    pre = f"{blocks}.{c.block_of(index)}"  # a half maps to its block's names
     out = []
     for p in params:
         module, kind = p.rsplit(".", 1)
@@ -225,7 +225,7 @@ def _copy_padded(
 def export_stage(stage: StageModule, out: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write a whole-model stage as an HF folder: config.json and model.safetensors."""
     c = stage.config
-    if (stage.start, stage.end) != (0, c.num_layers + 2):
+    if (stage.start, stage.end) != (0, c.layer_list_len):
         raise ValueError("export needs every layer of the model")
     tensors: dict[str, torch.Tensor] = {}
     for i in range(stage.start, stage.end):

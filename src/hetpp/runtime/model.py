@@ -1,9 +1,10 @@
 """Decoder layers (GPT and Llama families) cut exactly like the spec's layer list.
 
-Layer 0 is the embedding, 1..N the blocks, N+1 the head (final norm + LM head; the loss is taken
-on its logits). A stage is any `[start, end)` range of these. Every layer draws its initial weights
-from its own generator, seeded by (seed, layer index), so a layer starts identical whatever rank or
-plan builds it.
+Layer 0 is the embedding, then the N blocks (or, at `layer_unit` half, each block's attention
+half and MLP half, `BlockHalf`), and last the head (final norm + LM head; the loss is taken on its
+logits). A stage is any `[start, end)` range of these. Every layer draws its initial weights
+from its own generator, seeded by (seed, its index in the block-unit list), so a layer starts
+identical whatever rank, plan or layer unit builds it.
 
 The embedding and LM head matrices have `padded_vocab` rows (`ModelConfig.vocab_multiple`): the
 padding rows start at zero, are never looked up, and the head returns only the `vocab_size` real
@@ -190,10 +191,40 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel:
             return x + self.attn(self.norm1(x)) + self.mlp(self.norm2(x))
-        a = self.attn(self.norm1(x))
-        x = x + (self.post_attn_norm(a) if self.sandwich else a)
-        m = self.mlp(self.norm2(x))
-        return x + (self.post_mlp_norm(m) if self.sandwich else m)
+        return _mlp_half(self, _attention_half(self, x))
+
+
+def _attention_half(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x plus the attention of `m` (a Block or its attention half) on its normed input."""
+    a = m.attn(m.norm1(x))
+    return x + (m.post_attn_norm(a) if m.sandwich else a)
+
+
+def _mlp_half(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x plus the MLP of `m` (a Block or its MLP half) on its normed input."""
+    y = m.mlp(m.norm2(x))
+    return x + (m.post_mlp_norm(y) if m.sandwich else y)
+
+
+_HALF_MODULES = {
+    "attention": ("norm1", "attn", "post_attn_norm"),
+    "mlp": ("norm2", "mlp", "post_mlp_norm"),
+}
+
+
+class BlockHalf(nn.Module):
+    """A Block's attention or MLP half (`layer_unit` half): the Block's own submodules under the
+    Block's names, so parameter names inside the layer are those inside a Block."""
+
+    def __init__(self, block: Block, kind: str):
+        super().__init__()
+        self.kind, self.sandwich = kind, block.sandwich
+        for name in _HALF_MODULES[kind]:
+            if hasattr(block, name):
+                setattr(self, name, getattr(block, name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (_attention_half if self.kind == "attention" else _mlp_half)(self, x)
 
 
 class Embedding(nn.Module):
@@ -262,17 +293,30 @@ def vocab_rows(c: ModelConfig, name: str, p: torch.Tensor) -> int:
 
 def build_layer(c: ModelConfig, index: int, seed: int, dtype: torch.dtype) -> nn.Module:
     """Layer `index` of the model's layer list, initialised from (seed, index)."""
-    if not 0 <= index <= c.num_layers + 1:
-        raise IndexError(f"layer {index} outside 0..{c.num_layers + 1}")
+    if not 0 <= index <= c.head_index:
+        raise IndexError(f"layer {index} outside 0..{c.head_index}")
     # Initialise in fp32 on CPU so every dtype and device starts from the same draws.
-    if index == 0:
+    kind = c.layer_kind(index)
+    if kind == "embedding":
         layer: nn.Module = Embedding(c)
-    elif index == c.num_layers + 1:
+    elif kind == "head":
         layer = Head(c)
     else:
-        layer = Block(c, index - 1)
-    _init_layer(layer, c, index, seed)
+        layer = Block(c, c.block_of(index))
+    # Drawn as the block-unit list's layer; a half then keeps its part of the whole block, so
+    # the weights are the same whichever unit cuts the list.
+    _init_layer(layer, c, _block_unit_index(c, index), seed)
+    if kind in ("attention", "mlp"):
+        layer = BlockHalf(layer, kind)
     return layer.to(dtype)
+
+
+def _block_unit_index(c: ModelConfig, index: int) -> int:
+    """Layer `index`'s (or, for a half, its block's) index in the block-unit layer list."""
+    kind = c.layer_kind(index)
+    if kind == "embedding":
+        return 0
+    return c.num_layers + 1 if kind == "head" else c.block_of(index) + 1
 
 
 class StageModule(nn.Module):
@@ -285,7 +329,7 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): build_layer(c, i, seed, dtype) for i in range(start, end)}
         )
-        head = c.num_layers + 1
+        head = c.head_index
         if c.tie_embeddings and start == 0 and end == head + 1:
             self.layers[str(head)].lm_head.weight = self.layers["0"].tok.weight
 
@@ -303,14 +347,14 @@ class StageModule(nn.Module):
             return None
         if self.start == 0:
             return self.layer(0).tok.weight
-        if self.end == self.config.num_layers + 2:
-            return self.layer(self.config.num_layers + 1).lm_head.weight
+        if self.end == self.config.layer_list_len:
+            return self.layer(self.config.head_index).lm_head.weight
         return None
 
     def own_parameters(self, index: int) -> Iterator[tuple[str, nn.Parameter]]:
         """Layer `index`'s parameters as the spec counts them: a tied head's weight belongs to the
         embedding (layer 0), so the head leaves it out."""
-        tied_head = self.config.tie_embeddings and index == self.config.num_layers + 1
+        tied_head = self.config.tie_embeddings and index == self.config.head_index
         for name, p in self.layer(index).named_parameters(remove_duplicate=False):
             if not (tied_head and name == TIED_HEAD_PARAM):
                 yield name, p
@@ -334,7 +378,7 @@ class RankModel(nn.Module):
         self.config = stages[0].config
         self._holder = {i: k for k, st in enumerate(stages) for i in range(st.start, st.end)}
         tied = [t for t in (st.tied_weight() for st in stages) if t is not None]
-        head = self.config.num_layers + 1
+        head = self.config.head_index
         if len(tied) == 2 and tied[0] is not tied[1]:  # embedding and head in different stages
             self.layer(head).lm_head.weight = tied[0]
 

@@ -70,7 +70,9 @@ def _layer_fns(
     c: ModelConfig, kind: str, mbs: int, seq_len: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.nn.Module, Callable[[], torch.Tensor]]:
     """The layer and a function running its forward on fresh inputs, returning what to backprop."""
-    index = {"embedding": 0, "block": 1, "head": c.num_layers + 1}[kind]
+    # Measured costs are per whole block (`ModelSpec.block_layer`), whatever unit cuts the list.
+    c = c.model_copy(update={"layer_unit": "block"})
+    index = {"embedding": 0, "block": 1, "head": c.head_index}[kind]
     layer = build_layer(c, index, seed=0, dtype=dtype).to(device)
     g = torch.Generator(device=device).manual_seed(index)
     tokens = torch.randint(0, c.vocab_size, (mbs, seq_len), device=device, generator=g)

@@ -1,4 +1,5 @@
-"""Activation recomputation of a stage: each transformer block under non-reentrant checkpoint.
+"""Activation recomputation of a stage: each transformer block (or half of one, at `layer_unit`
+half) under non-reentrant checkpoint.
 
 The block keeps only its input for backward and runs its forward again there
 (`torch.utils.checkpoint`, `use_reentrant=False`, which also replays the autocast state of the
@@ -19,9 +20,10 @@ from hetpp.runtime.model import StageModule
 
 
 def recompute_blocks(stage: StageModule, meter: SavedTensorMeter | None = None) -> list[int]:
-    """Wrap every block of `stage` (not the embedding or the head); the wrapped layer indices.
+    """Wrap every block or half of `stage` (not the embedding or the head); the wrapped layer
+    indices.
     With a `meter`, each block's input counts as saved until the block's backward."""
-    head = stage.config.num_layers + 1
+    head = stage.config.head_index
     blocks = [i for i in range(stage.start, stage.end) if 0 < i < head]
     for i in blocks:
         layer = stage.layer(i)
