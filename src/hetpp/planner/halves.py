@@ -49,7 +49,7 @@ def in_halves(plan: Plan) -> Plan:
     return plan.model_copy(update={"model": model, "pipelines": pipes, "grad_blocks": None})
 
 
-def can_halve(problem: Problem, plan: Plan) -> bool:
+def can_halve(plan: Plan) -> bool:
     """Whether `plan` may move to half blocks (module docstring)."""
     return (
         plan.model.layer_unit == "block"
@@ -64,12 +64,12 @@ def halves_if_faster(
 ) -> tuple[Plan, StepCost]:
     """`plan` re-split at half blocks where that fits and is faster (`resplit_if_faster` on the
     half-unit problem), else `plan` and `step`. `split` and `rebalance` as there."""
-    if split != "balanced" or not can_halve(problem, plan):
+    if split != "balanced" or not can_halve(plan):
         return plan, step
     halved = halved_problem(problem)
     moved = in_halves(plan)
-    cost = evaluate_below(halved, moved, float("inf"))
-    if cost is None or not cost.fits:
+    cost = evaluate_below(halved, moved, float("inf"))  # None: it does not fit
+    if cost is None:
         return plan, step
     got, got_step = resplit_if_faster(halved, moved, cost, split, rebalance)
     if got_step.fits and got_step.iteration_time_s < step.iteration_time_s:

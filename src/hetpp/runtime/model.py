@@ -305,18 +305,10 @@ def build_layer(c: ModelConfig, index: int, seed: int, dtype: torch.dtype) -> nn
         layer = Block(c, c.block_of(index))
     # Drawn as the block-unit list's layer; a half then keeps its part of the whole block, so
     # the weights are the same whichever unit cuts the list.
-    _init_layer(layer, c, _block_unit_index(c, index), seed)
+    _init_layer(layer, c, c.in_blocks(index), seed)
     if kind in ("attention", "mlp"):
         layer = BlockHalf(layer, kind)
     return layer.to(dtype)
-
-
-def _block_unit_index(c: ModelConfig, index: int) -> int:
-    """Layer `index`'s (or, for a half, its block's) index in the block-unit layer list."""
-    kind = c.layer_kind(index)
-    if kind == "embedding":
-        return 0
-    return c.num_layers + 1 if kind == "head" else c.block_of(index) + 1
 
 
 class StageModule(nn.Module):

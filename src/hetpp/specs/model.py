@@ -157,7 +157,8 @@ class ModelConfig(BaseModel):
 
     def in_blocks(self, index: int) -> int:
         """Boundary `index` of this layer list (a stage's start or end) in the block-unit one,
-        rounded down where it falls mid-block."""
+        rounded down where it falls mid-block; for a layer's own index (its start), the index
+        of it, or of the block it halves, in the block-unit list."""
         if self.layer_unit == "block" or index == 0:
             return index
         return self.num_layers + 2 if index == self.layer_list_len else (index + 1) // 2
