@@ -27,6 +27,14 @@ def problem(cl: Cluster, model: str | ModelSpec, batch: int, seq: int = 1024, **
     return Problem(spec, cl, TrainSpec(global_batch=batch, seq_len=spec.seq_len), **kw)
 
 
+def block_problem(
+    cl: Cluster, model: str | ModelSpec, batch: int, seq: int = 1024, **kw
+) -> Problem:
+    """`problem` with whole-block stages only (`Problem.half_blocks` False): for tests of the
+    passes before the half-block pass, which take the search's plans at block units."""
+    return problem(cl, model, batch, seq, half_blocks=False, **kw)
+
+
 def small_model(layers: int, hidden: int, seq: int = 512) -> ModelSpec:
     """A GPT of the given size (vocab 8192), for memory-tight custom GPUs."""
     cfg = ModelConfig(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-from planner_cases import cluster, problem
+from planner_cases import block_problem as problem
+from planner_cases import cluster
 
 import hetpp.planner.schedules as schedules
 import hetpp.planner.search as search

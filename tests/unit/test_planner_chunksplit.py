@@ -10,7 +10,8 @@ from hetpp.planner import plan as run_planner
 from hetpp.planner.assemble import evaluate
 from hetpp.planner.chunksplit import ChunkLayout, block_counts, chunksplit_if_faster, deal
 from hetpp.planner.resplit import climb, resplit_if_faster
-from tests.unit.planner_cases import problem, small_model
+from tests.unit.planner_cases import block_problem as problem
+from tests.unit.planner_cases import small_model
 from tests.unit.test_planner_resplit import _cluster, _with_cuts
 
 

@@ -219,3 +219,22 @@ def test_plan_falls_back_to_sharding_only_when_nothing_fits_and_says_so(tmp_path
     assert main([*small, "--global-batch", "16", "--out", str(tmp_path / "q.json")]) == 0
     assert "--sharding auto" not in capsys.readouterr().err
     assert load_plan(tmp_path / "q.json").sharding != "optimizer"  # FSDP ("full") may win
+
+
+def test_plan_ends_stages_mid_block_unless_told_whole_blocks(tmp_path, capsys):
+    # gpt3-1.3b over 2 A100s and 2 RTX 4090s: the default plan ends a stage between a block's
+    # attention and MLP halves (3.8% faster here); --whole-blocks keeps every cut at a block
+    args = ["plan", "--cluster", _cluster(tmp_path), "--model", "gpt3-1.3b", "--seq-len", "1024"]
+    args += ["--global-batch", "16"]
+    plans = {}
+    for flag in ((), ("--whole-blocks",)):
+        out = tmp_path / f"plan{len(flag)}.json"
+        assert main([*args, *flag, "--out", str(out)]) == 0
+        plans[flag] = (load_plan(out), capsys.readouterr().out)
+    (half, text), (whole, whole_text) = plans[()], plans[("--whole-blocks",)]
+    assert half.model.layer_unit == "half" and "layers count half" in text
+    assert any(st.layers[1] % 2 == 0 for p in half.pipelines for st in p.stages[:-1])
+    assert whole.model.layer_unit == "block" and "half blocks" not in whole_text
+    assert half.estimate.iteration_time_s < 0.995 * whole.estimate.iteration_time_s
+    assert main(["simulate", str(tmp_path / "plan0.json")]) == 0  # the simulator reads it
+    assert "+0.00% vs simulated" in capsys.readouterr().out

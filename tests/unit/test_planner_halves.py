@@ -1,21 +1,21 @@
 """`planner.halves`: a plan moved to the half-block layer list costs what it did, and the stage
 DP and climb there can end a stage mid-block where whole blocks leave a fast and slow pair
-unbalanced."""
+unbalanced; the default search ends with that pass (`Problem.half_blocks`)."""
 
 import pytest
 
 from hetpp.planner import plan as run_planner
 from hetpp.planner.assemble import evaluate
-from hetpp.planner.halves import can_halve, halved_problem, halves_if_faster, in_halves
+from hetpp.planner.halves import can_halve, halves_if_faster, in_halves, with_half_blocks
 from hetpp.planner.sharding import sharded_problem
 from tests.unit.planner_cases import cluster, problem
 
 
-def _problem():
+def _problem(half_blocks: bool = False):
     # gpt3-1.3b over 2 A100s and 2 RTX 4090s in one pipeline (`halves_if_faster` finds a
     # 2.1% shorter step)
     cl = cluster(("A100-80GB", 2, 1), ("RTX-4090", 2, 1))
-    return problem(cl, "gpt3-1.3b", 16, sharding_mode="targeted")
+    return problem(cl, "gpt3-1.3b", 16, sharding_mode="targeted", half_blocks=half_blocks)
 
 
 def _costing_problem(p, plan):
@@ -26,7 +26,7 @@ def _costing_problem(p, plan):
 @pytest.mark.parametrize("model", ["gpt3-350m", "llama2-7b"])
 def test_a_plan_on_half_blocks_with_its_cuts_costs_the_same(model):
     cl = cluster(("A100-80GB", 4, 1), ("RTX-4090", 4, 1))
-    p = problem(cl, model, 32, seq=512, sharding_mode="targeted")
+    p = problem(cl, model, 32, seq=512, sharding_mode="targeted", half_blocks=False)
     got = run_planner(p)
     base = _costing_problem(p, got.plan)
     moved = in_halves(got.plan)
@@ -35,7 +35,7 @@ def test_a_plan_on_half_blocks_with_its_cuts_costs_the_same(model):
     assert [st.layers[1] % 2 for pipe in moved.pipelines for st in pipe.stages[:-1]] == [1] * (
         sum(len(pipe.stages) - 1 for pipe in moved.pipelines)
     )  # every cut at a block's start (its attention half)
-    again = evaluate(halved_problem(base), moved)
+    again = evaluate(base, moved)  # costed on the plan's unit
     # the same layer costs in halves: prefix sums over twice the entries round differently
     assert again.iteration_time_s == pytest.approx(got.iteration_time_s, rel=1e-12)
     assert again.pipeline_time_s == pytest.approx(got.step.pipeline_time_s, rel=1e-12)
@@ -50,7 +50,26 @@ def test_halves_end_a_stage_mid_block_where_that_is_faster():
     plan.validate_plan(p.cluster)
     cuts = [st.layers[1] for pipe in plan.pipelines for st in pipe.stages[:-1]]
     assert any(c % 2 == 0 for c in cuts)  # a stage ends after an attention half
-    assert evaluate(halved_problem(base), plan).iteration_time_s == step.iteration_time_s
+    assert evaluate(base.on_unit("half"), plan).iteration_time_s == step.iteration_time_s
+
+
+def test_the_search_ends_with_the_pass_and_says_nothing_else_changed():
+    whole = run_planner(_problem(half_blocks=False))
+    got = run_planner(_problem(half_blocks=True))
+    assert whole.plan.model.layer_unit == "block"
+    assert got.plan.model.layer_unit == "half"
+    assert got.iteration_time_s < 0.99 * whole.iteration_time_s
+    got.final_plan().validate_plan(_problem().cluster)
+    # the pass on the block-unit search's plan is what the default search returns
+    again = with_half_blocks(_problem(half_blocks=True), whole)
+    assert again.plan == got.plan and again.step.iteration_time_s == got.iteration_time_s
+    assert again.search_time_s > whole.search_time_s
+
+
+def test_the_pass_is_skipped_past_the_time_limit_and_says_so():
+    whole = run_planner(_problem(half_blocks=False))
+    late = with_half_blocks(_problem(half_blocks=True), whole, time_limit_s=0.0)
+    assert late.plan is whole.plan and "half-block pass skipped" in late.note
 
 
 def test_tensor_parallel_and_fsdp_plans_stay_at_whole_blocks():

@@ -3,7 +3,8 @@ the cost model charges each stage by its own flag."""
 
 from __future__ import annotations
 
-from planner_cases import cluster, problem
+from planner_cases import block_problem as problem
+from planner_cases import cluster
 
 from hetpp.cost.memory import stage_memory
 from hetpp.cost.step import step_cost

@@ -15,7 +15,8 @@ from hetpp.planner.shapes import ShapeContext
 from hetpp.planner.sharding import sharded_problem, sharded_schedule_pass
 from hetpp.specs import Cluster, GpuType, NodeGroup
 from hetpp.specs.plan import PipelinePlan, StagePlan
-from tests.unit.planner_cases import problem, small_model
+from tests.unit.planner_cases import block_problem as problem
+from tests.unit.planner_cases import small_model
 
 
 def _cluster(

@@ -89,6 +89,12 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
         "node) per GPU type (default off); hetpp train runs a plan whose pipelines each have "
         "one degree",
     )
+    p.add_argument(
+        "--whole-blocks",
+        action="store_true",
+        help="stages end at whole blocks only (default: hpp may end a stage between a block's "
+        "attention and MLP where that is faster; the plan's model then says layer_unit half)",
+    )
     one_chunk = tuple(n for n, s in SCHEDULES.items() if not s.multi_stage)
     p.add_argument("--schedule", choices=one_chunk, default=one_chunk[0])
     p.add_argument(
@@ -150,6 +156,7 @@ def problem_from(args: argparse.Namespace) -> Problem:
         profiles=load_profiles(args.profile) if args.profile else None,
         schedules=None if args.try_schedules is None else tuple(args.try_schedules),
         tp_search=args.tp == "auto",
+        half_blocks=not args.whole_blocks,
     )
 
 

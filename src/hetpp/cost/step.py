@@ -162,6 +162,7 @@ def plan_fits(plan: Plan, cm: CostModel) -> bool:
     depend on them, and a planner trial that does not fit need not be timed (the action graph
     is most of a multi-chunk pipeline's cost). Pipeline by pipeline (a device runs in one
     pipeline only), memoized as `_pipeline_costs` is. Not for fully sharded plans."""
+    _same_unit(plan, cm)
     memo, shards = cm.pipeline_memo, plan.optimizer_shards
     for pipe in plan.pipelines:
         same = memo.get(("fits", id(pipe), shards))
@@ -617,8 +618,19 @@ def _tied_holders(plan: Plan, cm: CostModel) -> tuple[int, ...]:
     return tuple(sorted(ends))
 
 
+def _same_unit(plan: Plan, cm: CostModel) -> None:
+    """A plan's layer ranges index its own layer list: costed with a model cut at the other
+    unit (`ModelConfig.layer_unit`) they would read the wrong layers."""
+    if plan.model.layer_unit != cm.model.config.layer_unit:
+        raise ValueError(
+            f"a plan on {plan.model.layer_unit} units costed with a {cm.model.config.layer_unit}"
+            "-unit cost model (planner: `Problem.on_unit(plan.model.layer_unit)`)"
+        )
+
+
 def step_cost(plan: Plan, cm: CostModel) -> StepCost:
     """Full cost of one step of `plan`."""
+    _same_unit(plan, cm)
     if plan.sharding == "full":  # the reduce-scatters run inside the backward: no buckets
         fsdp = fsdp_step(plan, cm)
         stages, times = _fsdp_stages(fsdp)

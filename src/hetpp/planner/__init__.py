@@ -15,6 +15,7 @@ from dataclasses import replace
 from hetpp.planner.assemble import PlanResult, unused_devices
 from hetpp.planner.baselines import BASELINES
 from hetpp.planner.fsdp import search_fsdp
+from hetpp.planner.halves import with_half_blocks
 from hetpp.planner.oracle import search_oracle
 from hetpp.planner.problem import Problem, physical_limit_samples_per_s
 from hetpp.planner.search import Progress, search_hpp
@@ -86,6 +87,8 @@ def plan(
         return STRATEGIES[strategy](p, progress)
 
     result = search_with_sharding(problem, run, time_limit_s)
+    if strategy in ("hpp", BEST):
+        result = with_half_blocks(problem, result, time_limit_s)
     if result.feasible:  # checked as a plan file is: a slip (samples short of the batch) fails
         result.plan.validate_plan(problem.cluster)  # here, not silently in training
     return result

@@ -165,7 +165,8 @@ def build_plan(
 
 
 def evaluate(problem: Problem, plan: Plan) -> StepCost:
-    """The full cost of a plan (the ranking every strategy uses)."""
+    """The full cost of a plan (the ranking every strategy uses), on the plan's layer unit."""
+    problem = problem.on_unit(plan.model.layer_unit)
     return step_cost(plan, problem.cost_model(plan.train.recompute, shards=1))
 
 
@@ -176,6 +177,7 @@ def evaluate_below(problem: Problem, plan: Plan, bound_s: float) -> StepCost | N
     step ends no earlier than its slowest pipeline (every rank steps its optimizer after its
     pipeline ends), and the pipelines' times are the cheap part of the full cost (memoized per
     pipeline, `cost.step.pipeline_costs`)."""
+    problem = problem.on_unit(plan.model.layer_unit)
     if plan.sharding != "full":
         cm = problem.cost_model(plan.train.recompute, shards=1)
         if not plan_fits(plan, cm):

@@ -50,6 +50,7 @@ from hetpp.planner.assemble import (
     PlanResult,
 )
 from hetpp.planner.bounds import ideal_time_bound
+from hetpp.planner.halves import with_half_blocks
 from hetpp.planner.layout import CountDP, Layout
 from hetpp.planner.oracle import seeded
 from hetpp.planner.problem import Problem
@@ -95,7 +96,8 @@ def search_exact(problem: Problem) -> PlanResult:
         finals.append(with_last_passes(problem, ws, [best_found], "exact"))
     best = min(finals, key=lambda r: r.iteration_time_s)
     plan = best.plan.model_copy(update={"strategy": "exact"})
-    return PlanResult("exact", plan, best.step, time.perf_counter() - t0)
+    # ... and the half-block pass hpp's search ends with (`planner.plan`)
+    return with_half_blocks(problem, PlanResult("exact", plan, best.step, time.perf_counter() - t0))
 
 
 def _search_variants(ctx: ShapeContext, templates, found, best_s) -> None:

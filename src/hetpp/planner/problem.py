@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -79,6 +79,9 @@ class Problem:
     group of that many devices of one node (`planner.tp` searches these)."""
     tp_search: bool = False
     """Search a TP degree per GPU type (`planner.tp`); False: plan with `tp_degrees` as given."""
+    half_blocks: bool = True
+    """hpp may end stages between a block's attention and MLP halves where that is faster
+    (`planner.halves`: the plan's model then has `layer_unit` "half"); False: whole blocks."""
     _cms: dict[tuple[bool, int], CostModel] = field(default_factory=dict, init=False, repr=False)
     pipe_groups: dict[tuple, object] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -157,6 +160,17 @@ class Problem:
         if not recompute:
             return self.chunked_schedules
         return tuple(n for n in self.chunked_schedules if not SCHEDULES[n].splits_backward)
+
+    def on_unit(self, unit: str) -> Problem:
+        """This problem with its model's layer list at `unit` (`ModelConfig.layer_unit`): a
+        half-unit plan (`planner.halves`) is costed on the half-unit list. Built once per
+        problem (`derived`), so every pass shares its cost models' memos."""
+        if unit == self.model.config.layer_unit:
+            return self
+        key = f"unit {unit}"
+        if key not in self.derived:
+            self.derived[key] = replace(self, model=self.model.with_unit(unit))
+        return self.derived[key]
 
     def cost_model(self, recompute: bool, shards: int | None = None) -> CostModel:
         """The cost model for one recomputation setting (built once). The search's (`shards`

@@ -19,10 +19,16 @@ def plan_table(problem: Problem, result: PlanResult) -> Table:
     plan, step = result.final_plan(), result.step
     assert plan is not None and step is not None
     cl = problem.cluster
+    caption = "identical pipelines share rows: pipes = how many, batch = each one's share"
+    if plan.model.layer_unit == "half":
+        caption += (
+            f"; layers count half blocks: 0 embedding, 2b+1 and 2b+2 block b's attention and "
+            f"MLP, {plan.model.head_index} the head"
+        )
     table = Table(
         title=f"{plan.strategy} plan: {plan.model.name}, {cl.name}, "
         f"global batch {plan.global_batch} x {plan.seq_len} tokens",
-        caption="identical pipelines share rows: pipes = how many, batch = each one's share",
+        caption=caption,
     )
     cols = ("pipes", "schedule", "stage", "GPU", "TP", "devices", "layers", "mbs x m", "batch")
     for col in (*cols, "free mem"):
