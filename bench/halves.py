@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/halves.py --only CLUSTER:MODEL [...]
 
-For each scenario of `bench/planner.py` (or those named), hpp's plan, then `halves_if_faster` on
-it (the plan moved to the half-unit layer list, the stage DP and the cut climb there, kept where
-the full step cost improves): both steps, the fraction of the physical limit before and after,
-and the pass's CPU seconds. The search does not run the pass yet; this measures what it would
-add as hpp's last pass.
+For each scenario of `bench/planner.py` (or those named), hpp's search with whole blocks only
+(`Problem.half_blocks` False, `hetpp plan --whole-blocks`), then the half-block pass the default
+search ends with (`halves.with_half_blocks`: the plan moved to the half-unit layer list, the
+stage DP and the cut climb there, kept where 0.5% faster) on its result, which is what
+`plan(problem)` returns: both steps, the fraction of the physical limit before and after, the
+plan's layer unit, the search's CPU seconds and the pass's.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from planner import _chosen, scenarios
 
 from hetpp.planner import Problem, physical_limit_samples_per_s, plan
-from hetpp.planner.halves import halves_if_faster
-from hetpp.planner.sharding import sharded_problem
+from hetpp.planner.halves import with_half_blocks
 from hetpp.specs import TrainSpec, load_cluster, load_model
 
 
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="CLUSTER or CLUSTER:MODEL (default: every one)")
     args = ap.parse_args(argv)
-    print("| scenario | hpp step | with halves | speed-up | % of limit | pass CPU |")
-    print("|---|---|---|---|---|---|")
+    print("| scenario | whole blocks | default | speed-up | % of limit | unit | search, pass CPU |")
+    print("|---|---|---|---|---|---|---|")
     for path, model, batch, seq in scenarios(False):
         if not _chosen((path, model, batch, seq), args.only):
             continue
@@ -39,16 +39,19 @@ def main(argv: list[str] | None = None) -> int:
         spec, cluster = load_model(model, seq), load_cluster(path)
         problem = Problem(spec, cluster, train, sharding_mode="targeted")
         limit = physical_limit_samples_per_s(problem)
-        got = plan(problem, "hpp")
-        # the problem the plan was costed with: a ZeRO-1 plan's state bytes are the sharded one's
-        costed = sharded_problem(problem) if got.plan.sharding == "optimizer" else problem
+        # one problem for both (its cost models' memos shared, as in the default search)
+        problem.half_blocks = False
         t0 = time.process_time()
-        _, step = halves_if_faster(costed, got.plan, got.step)
-        took = time.process_time() - t0
-        before, after = got.iteration_time_s, step.iteration_time_s
+        whole = plan(problem, "hpp")
+        t1 = time.process_time()
+        problem.half_blocks = True
+        got = with_half_blocks(problem, whole)
+        whole_s, pass_s = t1 - t0, time.process_time() - t1
+        before, after = whole.iteration_time_s, got.iteration_time_s
         print(
             f"| {path.stem} {model} | {before:.4f} s | {after:.4f} s | {before / after:.3f}x | "
-            f"{batch / before / limit:.1%} -> {batch / after / limit:.1%} | {took:.2f} s |",
+            f"{batch / before / limit:.1%} -> {batch / after / limit:.1%} | "
+            f"{got.plan.model.layer_unit} | {whole_s:.2f} s, {pass_s:.2f} s |",
             flush=True,
         )
     return 0
