@@ -42,6 +42,18 @@ CASES = {
         "1f1b",
         {},
     ),
+    # The split-backward schedules hpp's half-block plans run (docs/benchmarks-planner.md):
+    # ZB-H1, DualPipeV and interleaved ZB, each cut mid-block, in one plan.
+    "llama-3pipes-zbh1x3+dualpipev2x2+izb2x2-midblock": (
+        "tiny-llama",
+        [
+            pipeline([0, 1, 2], [0, 4, 7, 10], 1, 4, schedule="zbh1"),
+            pipeline([3, 4, 4, 3], [0, 2, 5, 8, 10], 1, 6, schedule="dualpipev"),
+            pipeline([5, 6, 5, 6], [0, 3, 6, 8, 10], 1, 4, schedule="interleaved-zb"),
+        ],
+        "1f1b",
+        {},
+    ),
 }
 
 
