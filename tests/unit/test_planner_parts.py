@@ -20,7 +20,7 @@ from hetpp.planner.balance import PipelineGroup, allocate, balanced_time, balanc
 from hetpp.planner.candidates import homogeneous_items, mixed_templates
 from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
 from hetpp.planner.multisets import composition, count_multisets, multisets
-from hetpp.planner.partition import balance_stages, equal_bounds
+from hetpp.planner.partition import balance_stages, balance_times, equal_bounds
 from hetpp.planner.placement import _Free, place
 from hetpp.planner.refine import _neighbours, estimate, refine
 from hetpp.planner.shapes import ShapeContext
@@ -66,6 +66,36 @@ def test_balance_stages_returns_none_when_memory_is_too_small():
     assert balance_stages([ctx.tables("t4")], [(1, 1, 1)]) is None  # 21 GB of state on a 16 GB card
     assert ctx.homogeneous("t4", 2) is None  # the first stage holds two micro-batches too
     assert ctx.homogeneous("t4", 3) is not None
+
+
+@given(st.integers(1, 7), st.integers(1, 9), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_balance_times_is_the_brute_force_split(stages, layers, seed):
+    # every split scored as the DP scores it: least bottleneck, then least total (summed stage
+    # after stage from 0, as the DP adds) among splits within the bottleneck's hair; random
+    # times (no ties) with ranges that do not fit (inf), as `StageTables.masked_time` gives
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(stages):
+        t = np.where(
+            rng.random((layers + 1, layers + 1)) < 0.8, rng.random((layers + 1,) * 2), np.inf
+        )
+        times.append(np.where(np.triu(np.ones(t.shape, dtype=bool), 1), t, np.inf))
+    splits = [(0, *c, layers) for c in itertools.combinations(range(1, layers), stages - 1)]
+    if stages > layers or not splits:
+        assert balance_times(times) is None
+        return
+
+    def worst(c):
+        return max(t[a, b] for t, a, b in zip(times, c, c[1:]))
+
+    tau = min(worst(c) for c in splits)
+    if not math.isfinite(tau):
+        assert balance_times(times) is None
+        return
+    within = [c for c in splits if worst(c) <= tau * (1 + 1e-12)]
+    want = min(within, key=lambda c: sum(t[a, b] for t, a, b in zip(times, c, c[1:])))
+    assert balance_times(times) == want
 
 
 def test_equal_bounds():
