@@ -18,12 +18,19 @@ from hetpp.planner import plan
 from hetpp.planner.assemble import layout_key
 from hetpp.planner.balance import PipelineGroup, allocate, balanced_time, balanced_times
 from hetpp.planner.candidates import homogeneous_items, mixed_templates
-from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
+from hetpp.planner.layout import (
+    CountDP,
+    TypeKnapsack,
+    _unbounded,
+    _values,
+    layout_time,
+    min_time,
+)
 from hetpp.planner.multisets import composition, count_multisets, multisets
 from hetpp.planner.partition import balance_stages, balance_times, equal_bounds
 from hetpp.planner.placement import _Free, place
 from hetpp.planner.refine import _neighbours, estimate, refine
-from hetpp.planner.shapes import ShapeContext
+from hetpp.planner.shapes import ShapeContext, TemplateCost
 from hetpp.specs import CATALOG
 from hetpp.specs.schedule import SCHEDULES
 
@@ -208,6 +215,50 @@ def test_min_time_exact_dp_equals_enumeration():
         TypeKnapsack(items, dict(zip(ctx.keys, ctx.counts)), [], 16, False, True), 16, False
     )
     assert t_ks == pytest.approx(t_dp)
+
+
+@given(st.integers(0, 2**32 - 1), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_count_dp_answers_as_a_scalar_dp_breaks_ties(seed, budget):
+    # the state by state DP in flat index order (the first count of each type varying
+    # fastest), the first best template per state, the first best allowed state: few
+    # distinct capacities, so ties are common
+    rng = np.random.default_rng(seed)
+    counts = tuple(int(n) for n in rng.integers(1, 4, size=2))
+    comps = [c for c in itertools.product(*(range(n + 1) for n in counts)) if any(c)]
+    templates = []
+    for _ in range(int(rng.integers(1, 8))):
+        comp = comps[int(rng.integers(len(comps)))]
+        fill, beat = float(rng.integers(0, 3)), float(rng.integers(1, 3))
+        runs = tuple((f"t{i}", n) for i, n in enumerate(comp) if n)
+        cost = TemplateCost(runs, (0, 1), (), (), (), fill, beat, 1, 1 << 40, 0.0, (), ())
+        templates.append((comp, cost))
+    total, t = 4, 4.0
+    dp = CountDP(templates, counts, total, budget)
+    value, layout = dp(t)
+    vals = _values(dp.arrays, t, total, False)
+    g = {}
+    best_of: dict[tuple, int] = {}
+    flat = [s[::-1] for s in itertools.product(*(range(n + 1) for n in reversed(counts)))]
+    for s in sorted(flat, key=sum):  # by device count, flat order within one (stable)
+        if not any(s):
+            g[s] = 0.0
+            continue
+        g[s] = -math.inf
+        for k, (comp, _) in enumerate(templates):
+            prev = tuple(a - c for a, c in zip(s, comp))
+            got = g.get(prev, -math.inf) + (vals[k] if vals[k] > 0 else -math.inf)
+            if min(prev) >= 0 and got > g[s]:
+                g[s], best_of[s] = got, k
+    ok = [s for s in flat if not budget or sum(s) <= total]
+    s = max(ok, key=lambda x: g[x])  # the first largest, in flat order
+    assert value == g[s]
+    want: dict[int, int] = {}
+    while any(s):
+        k = best_of[s]
+        want[k] = want.get(k, 0) + 1
+        s = tuple(a - c for a, c in zip(s, templates[k][0]))
+    assert layout == [(templates[k][1], n) for k, n in sorted(want.items())]
 
 
 def test_count_multisets_matches_enumeration():
