@@ -533,10 +533,10 @@ def _settle(
     if len({pipe.micro_batch_size for pipe in plan.pipelines}) > 1:
         samples = sum(pipe.micro_batch_size * m for pipe, m in zip(plan.pipelines, counts))
         fine = samples == plan.global_batch and all(_runs(*x, m) for x, m in zip(shapes, counts))
-        return _with_counts(plan, counts) if fine else None
+        return _with_counts(problem, plan, counts) if fine else None
     total = problem.micro_batches(plan.pipelines[0].micro_batch_size)
     if sum(counts) == total and all(_runs(*x, m) for x, m in zip(shapes, counts)):
-        return _with_counts(plan, counts)
+        return _with_counts(problem, plan, counts)
     groups = groups or _groups(problem, plan)
     if groups is None:
         return None
@@ -557,7 +557,7 @@ def _settle(
         counts[i] += 1
         if _runs(*shapes[i], counts[i] + 1):
             heapq.heappush(heap, (groups[i].time(counts[i] + 1), i))
-    return _with_counts(plan, counts)
+    return _with_counts(problem, plan, counts)
 
 
 def _run_shape(plan: Plan, pipe: PipelinePlan) -> tuple[str, int, int]:
@@ -572,9 +572,25 @@ def _runs(schedule: str, num_stages: int, num_devices: int, m: int) -> bool:
     return SCHEDULES[schedule].micro_batch_problem(num_stages, num_devices, m) is None
 
 
-def _with_counts(plan: Plan, counts: list[int]) -> Plan:
+def _with_counts(problem: Problem, plan: Plan, counts: list[int]) -> Plan:
+    """`plan` with these micro-batch counts."""
+    memo = problem.cost_model(plan.train.recompute).pipeline_memo
     pipes = tuple(
-        p if p.num_micro_batches == m else p.model_copy(update={"num_micro_batches": m})
+        p if p.num_micro_batches == m else _with_count(memo, p, m)
         for p, m in zip(plan.pipelines, counts)
     )
     return plan.model_copy(update={"pipelines": pipes, "grad_blocks": None})
+
+
+def _with_count(memo: dict, pipe: PipelinePlan, m: int) -> PipelinePlan:
+    """`pipe` at `m` micro-batches, one object per (pipeline object, count) in `memo` (a cost
+    model's): the trials of one pass settle the same pipelines to the same counts again
+    (mega-1024: 5964 copies, 3248 distinct), and the cost memos find a pipeline they have
+    seen by identity. The entry holds `pipe`, so its id is not reused while it lives."""
+    got = memo.get(("with count", id(pipe), m))
+    if got is None or got[0] is not pipe:
+        got = memo[("with count", id(pipe), m)] = (
+            pipe,
+            pipe.model_copy(update={"num_micro_batches": m}),
+        )
+    return got[1]
