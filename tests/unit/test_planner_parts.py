@@ -18,12 +18,19 @@ from hetpp.planner import plan
 from hetpp.planner.assemble import layout_key
 from hetpp.planner.balance import PipelineGroup, allocate, balanced_time, balanced_times
 from hetpp.planner.candidates import homogeneous_items, mixed_templates
-from hetpp.planner.layout import CountDP, TypeKnapsack, _unbounded, layout_time, min_time
+from hetpp.planner.layout import (
+    CountDP,
+    TypeKnapsack,
+    _unbounded,
+    _values,
+    layout_time,
+    min_time,
+)
 from hetpp.planner.multisets import composition, count_multisets, multisets
-from hetpp.planner.partition import balance_stages, equal_bounds
+from hetpp.planner.partition import balance_stages, balance_times, equal_bounds
 from hetpp.planner.placement import _Free, place
 from hetpp.planner.refine import _neighbours, estimate, refine
-from hetpp.planner.shapes import ShapeContext
+from hetpp.planner.shapes import ShapeContext, TemplateCost
 from hetpp.specs import CATALOG
 from hetpp.specs.schedule import SCHEDULES
 
@@ -66,6 +73,36 @@ def test_balance_stages_returns_none_when_memory_is_too_small():
     assert balance_stages([ctx.tables("t4")], [(1, 1, 1)]) is None  # 21 GB of state on a 16 GB card
     assert ctx.homogeneous("t4", 2) is None  # the first stage holds two micro-batches too
     assert ctx.homogeneous("t4", 3) is not None
+
+
+@given(st.integers(1, 7), st.integers(1, 9), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_balance_times_is_the_brute_force_split(stages, layers, seed):
+    # every split scored as the DP scores it: least bottleneck, then least total (summed stage
+    # after stage from 0, as the DP adds) among splits within the bottleneck's hair; random
+    # times (no ties) with ranges that do not fit (inf), as `StageTables.masked_time` gives
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(stages):
+        t = np.where(
+            rng.random((layers + 1, layers + 1)) < 0.8, rng.random((layers + 1,) * 2), np.inf
+        )
+        times.append(np.where(np.triu(np.ones(t.shape, dtype=bool), 1), t, np.inf))
+    splits = [(0, *c, layers) for c in itertools.combinations(range(1, layers), stages - 1)]
+    if stages > layers or not splits:
+        assert balance_times(times) is None
+        return
+
+    def worst(c):
+        return max(t[a, b] for t, a, b in zip(times, c, c[1:]))
+
+    tau = min(worst(c) for c in splits)
+    if not math.isfinite(tau):
+        assert balance_times(times) is None
+        return
+    within = [c for c in splits if worst(c) <= tau * (1 + 1e-12)]
+    want = min(within, key=lambda c: sum(t[a, b] for t, a, b in zip(times, c, c[1:])))
+    assert balance_times(times) == want
 
 
 def test_equal_bounds():
@@ -178,6 +215,50 @@ def test_min_time_exact_dp_equals_enumeration():
         TypeKnapsack(items, dict(zip(ctx.keys, ctx.counts)), [], 16, False, True), 16, False
     )
     assert t_ks == pytest.approx(t_dp)
+
+
+@given(st.integers(0, 2**32 - 1), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_count_dp_answers_as_a_scalar_dp_breaks_ties(seed, budget):
+    # the state by state DP in flat index order (the first count of each type varying
+    # fastest), the first best template per state, the first best allowed state: few
+    # distinct capacities, so ties are common
+    rng = np.random.default_rng(seed)
+    counts = tuple(int(n) for n in rng.integers(1, 4, size=2))
+    comps = [c for c in itertools.product(*(range(n + 1) for n in counts)) if any(c)]
+    templates = []
+    for _ in range(int(rng.integers(1, 8))):
+        comp = comps[int(rng.integers(len(comps)))]
+        fill, beat = float(rng.integers(0, 3)), float(rng.integers(1, 3))
+        runs = tuple((f"t{i}", n) for i, n in enumerate(comp) if n)
+        cost = TemplateCost(runs, (0, 1), (), (), (), fill, beat, 1, 1 << 40, 0.0, (), ())
+        templates.append((comp, cost))
+    total, t = 4, 4.0
+    dp = CountDP(templates, counts, total, budget)
+    value, layout = dp(t)
+    vals = _values(dp.arrays, t, total, False)
+    g = {}
+    best_of: dict[tuple, int] = {}
+    flat = [s[::-1] for s in itertools.product(*(range(n + 1) for n in reversed(counts)))]
+    for s in sorted(flat, key=sum):  # by device count, flat order within one (stable)
+        if not any(s):
+            g[s] = 0.0
+            continue
+        g[s] = -math.inf
+        for k, (comp, _) in enumerate(templates):
+            prev = tuple(a - c for a, c in zip(s, comp))
+            got = g.get(prev, -math.inf) + (vals[k] if vals[k] > 0 else -math.inf)
+            if min(prev) >= 0 and got > g[s]:
+                g[s], best_of[s] = got, k
+    ok = [s for s in flat if not budget or sum(s) <= total]
+    s = max(ok, key=lambda x: g[x])  # the first largest, in flat order
+    assert value == g[s]
+    want: dict[int, int] = {}
+    while any(s):
+        k = best_of[s]
+        want[k] = want.get(k, 0) + 1
+        s = tuple(a - c for a, c in zip(s, templates[k][0]))
+    assert layout == [(templates[k][1], n) for k, n in sorted(want.items())]
 
 
 def test_count_multisets_matches_enumeration():

@@ -231,7 +231,9 @@ def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[H
         counts = states[cut[d] : cut[d + 1], 1 : 1 + 2 * len(stages)]
         # a state another one holds at least as much of everywhere never is the peak (the
         # states are distinct, so "at least" on every column is "more" somewhere)
-        covers = (counts[None, :, :] >= counts[:, None, :]).all(axis=2)
+        covers = np.ones((len(counts), len(counts)), dtype=bool)
+        for column in counts.T:  # a column at a time: no states x states x columns array
+            covers &= column[None, :] >= column[:, None]
         np.fill_diagonal(covers, False)
         kept = counts[~covers.any(axis=1)]
         out.append(HoldingStates(tuple(stages), kept[:, 0::2], kept[:, 1::2]))

@@ -207,18 +207,28 @@ class CountDP:
         self.arrays = template_arrays(self.templates)
         self.total = total
         radix = np.cumprod([1, *[n + 1 for n in counts[:-1]]])
-        states = list(itertools.product(*[range(n + 1) for n in reversed(counts)]))
-        self.states = [tuple(reversed(s)) for s in states]  # flat index order
-        grid = np.array(self.states, dtype=int).reshape(len(self.states), len(counts))
+        states = [s[::-1] for s in itertools.product(*[range(n + 1) for n in reversed(counts)])]
+        grid = np.array(states, dtype=int).reshape(len(states), len(counts))  # flat index order
         comps = np.array([c for c, _ in templates], dtype=int).reshape(len(templates), -1)
         fits = (comps[None, :, :] <= grid[:, None, :]).all(axis=2)  # state x template
         flat, comp_flat = grid @ radix, comps @ radix
         # Predecessor of each state by each template; one past the last state where it does
         # not fit (that entry of the value table stays -inf).
-        self.pred = np.where(fits, flat[:, None] - comp_flat[None, :], len(self.states))
+        pred = np.where(fits, flat[:, None] - comp_flat[None, :], len(states))
         size = grid.sum(axis=1)
-        self.levels = [np.flatnonzero(size == n) for n in range(1, int(size.max()) + 1)]
-        self.allowed = size <= total if device_budget else np.ones(len(size), dtype=bool)
+        # The states numbered by device count (flat order within one): each count's states
+        # are one slice of the tables, which its step reads without a gather. `rank` maps a
+        # flat index to its number (the answer is the first best in flat order).
+        order = np.argsort(size, kind="stable")
+        rank = np.empty(len(states) + 1, dtype=int)
+        rank[order], rank[-1] = np.arange(len(states)), len(states)
+        self.pred = rank[pred[order]]
+        self.rank = rank[:-1]
+        ends = np.searchsorted(size[order], np.arange(1, int(size.max()) + 2))
+        self.levels = list(itertools.pairwise(ends.tolist()))  # [start, end) per count 1, 2, ..
+        self.rows = np.arange(max((b - a for a, b in self.levels), default=0))
+        allowed = size <= total if device_budget else np.ones(len(size), dtype=bool)
+        self.allowed = allowed[order]
 
     def __call__(
         self, t: float, use_tail: bool = False, mask: np.ndarray | None = None
@@ -227,15 +237,15 @@ class CountDP:
         vals = _values(self.arrays, t, self.total, use_tail)
         ok = vals > 0 if mask is None else (vals > 0) & mask
         vals = np.where(ok, vals, -np.inf)
-        g = np.full(len(self.states) + 1, -np.inf)
+        g = np.full(len(self.pred) + 1, -np.inf)
         g[0] = 0.0
-        arg = np.zeros(len(self.states), dtype=int)
-        for level in self.levels:
-            cand = g[self.pred[level]] + vals
-            arg[level] = np.argmax(cand, axis=1)
-            g[level] = cand[np.arange(len(level)), arg[level]]
+        arg = np.zeros(len(self.pred), dtype=int)
+        for a, b in self.levels:
+            cand = g[self.pred[a:b]] + vals
+            best = arg[a:b] = np.argmax(cand, axis=1)
+            g[a:b] = cand[self.rows[: b - a], best]
         g_ok = np.where(self.allowed, g[:-1], -np.inf)
-        i = int(np.argmax(g_ok))
+        i = int(self.rank[np.argmax(g_ok[self.rank])])
         value = float(g_ok[i])
         counts: dict[int, int] = {}
         while i > 0:

@@ -122,7 +122,7 @@ def shares(problem: Problem, plan: Plan) -> Plan | None:
     shapes = [_run_shape(plan, pipe) for pipe in plan.pipelines]
     sizes = [pipe.micro_batch_size for pipe in plan.pipelines]
     counts = hand_out(lines, shapes, sizes, plan.global_batch)
-    return None if counts is None else _with_counts(plan, counts)
+    return None if counts is None else _with_counts(problem, plan, counts)
 
 
 def hand_out(

@@ -163,25 +163,30 @@ def balance_times(
         before = np.cumsum(mark)  # forced cuts at or below each index
         inside = before[None, :] - mark[None, :] - before[:, None] > 0
         times = [np.where(inside, np.inf, t) for t in times]
-    best = np.full(num + 1, np.inf)
+    # Every stage holds a layer at least, so stage s starts at a cut in [s, s + slack] and
+    # ends at one in [s + 1, s + 1 + slack]: each DP step reads that window of its table only
+    # (the splits outside it are none; the same sums and comparisons, so the same split).
+    slack = num - len(times)
+    windows = [t[s : s + slack + 1, s + 1 : s + slack + 2] for s, t in enumerate(times)]
+    best = np.full(slack + 1, np.inf)
     best[0] = 0.0
-    for t in times:
-        best = np.maximum(best[:, None], t).min(axis=0)
-    tau = best[num]
+    for w in windows:
+        best = np.maximum(best[:, None], w).min(axis=0)
+    tau = best[slack]
     if not np.isfinite(tau):
         return None
     limit = tau * (1 + 1e-12)
-    total = np.full(num + 1, np.inf)
+    total = np.full(slack + 1, np.inf)
     total[0] = 0.0
-    choice, ends = [], np.arange(num + 1)
-    for t in times:
-        cand = total[:, None] + np.where(t <= limit, t, np.inf)
+    choice, ends = [], np.arange(slack + 1)
+    for w in windows:
+        cand = total[:, None] + np.where(w <= limit, w, np.inf)
         arg = cand.argmin(axis=0)
         total = cand[arg, ends]
         choice.append(arg)
     cuts = [num]
-    for arg in reversed(choice):
-        cuts.append(int(arg[cuts[-1]]))
+    for s in reversed(range(len(times))):  # window places back to cut points
+        cuts.append(int(choice[s][cuts[-1] - s - 1]) + s)
     return tuple(reversed(cuts))
 
 
