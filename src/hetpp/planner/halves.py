@@ -8,8 +8,9 @@ mid-block sends the residual stream as one between blocks does.
 
 `halves_if_faster` moves a plan to the half-unit layer list with its cuts unchanged (the same
 step, costed again), then runs `resplit`'s stage DP and cut climb there; the result is kept where
-the full step cost improves and fits. Plans with tensor-parallel stages, FSDP plans and models
-with a parallel residual (their halves read one input) stay at whole blocks.
+it fits and the full step cost improves by `HALF_MIN_GAIN`. `with_half_blocks` is hpp's last
+pass (`planner.plan`). Plans with tensor-parallel stages, FSDP plans and models with a parallel
+residual (their halves read one input) stay at whole blocks.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from hetpp.specs.plan import PipelinePlan, Plan
 HALF_MIN_GAIN = 0.005
 """The least share of the step a half-block plan must save over its whole-block one: a cut
 mid-block costs what the model does not price (the attention half's memory-bound work is
-priced at its FLOP share), not worth it for a rounding-size gain (0.02% on 2 A100 + 2 RTX
-4090, gpt3-350m, batch 32)."""
+priced at its FLOP share), not worth it for a rounding-size gain (0.16% on 2 A100 + 2 RTX
+4090, gpt3-350m, batch 32; 0.06% and 0.30% on two plans of the pinned suite)."""
 
 
 def in_halves(plan: Plan) -> Plan:
@@ -58,20 +59,17 @@ def can_halve(plan: Plan) -> bool:
     )
 
 
-def halves_if_faster(
-    problem: Problem, plan: Plan, step: StepCost, split: str = "balanced", rebalance: bool = True
-) -> tuple[Plan, StepCost]:
+def halves_if_faster(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan, StepCost]:
     """`plan` re-split at half blocks where that fits and is faster by `HALF_MIN_GAIN`
-    (`resplit_if_faster` on the half-unit problem), else `plan` and `step`. `split` and
-    `rebalance` as there."""
-    if split != "balanced" or not can_halve(plan):
+    (`resplit_if_faster` on the half-unit problem), else `plan` and `step`."""
+    if not can_halve(plan):
         return plan, step
     halved = problem.on_unit("half")
     moved = in_halves(plan)
     cost = evaluate_below(halved, moved, float("inf"))  # None: it does not fit
     if cost is None:
         return plan, step
-    got, got_step = resplit_if_faster(halved, moved, cost, split, rebalance)
+    got, got_step = resplit_if_faster(halved, moved, cost)
     if got_step.fits and got_step.iteration_time_s < (1 - HALF_MIN_GAIN) * step.iteration_time_s:
         return got, got_step
     return plan, step

@@ -359,7 +359,8 @@ def _chunked(
         placed = [devices[spec.device_index(s, len(devices))] for s in range(chunks * len(devices))]
         if key not in memo:
             memo[key] = _chunked_cuts(problem, plan, pipe, spec, chunks, split, placed)
-        memo[built] = memo[key] and _placed_pipeline(pipe, spec, placed, *memo[key])
+        cuts = memo[key]
+        memo[built] = None if cuts is None else _placed_pipeline(pipe, spec, placed, *cuts)
     return memo[built]
 
 
