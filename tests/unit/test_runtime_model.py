@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetpp.runtime.model import Block, Embedding, Head, StageModule, build_layer, token_loss_sum
+from hetpp.runtime.model import (
+    Block,
+    Embedding,
+    Head,
+    StageModule,
+    build_layer,
+    inverse_frequencies,
+    rotary_table,
+    token_loss_sum,
+)
 from hetpp.specs import PRESETS, ModelSpec
 
 TINY = ["tiny-gpt", "tiny-llama"]
@@ -116,3 +125,27 @@ def test_a_padded_vocabulary_trains_as_the_unpadded_model(name):
     head = models[0].layer(padded.num_layers + 1).lm_head.weight
     assert head.shape == (256, padded.hidden_size) and not head[200:].any()
     torch.testing.assert_close(emb[:200], models[1].layer(0).tok.weight, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rotary_angles_are_taken_before_the_cast_to_half_precision(dtype):
+    # Cast to bf16 first, the angle of position 2000 (rad) is rounded to a multiple of 8, and
+    # cos/sin are those of another angle (errors up to 2.0); the table must be the float64
+    # values, rounded once.
+    c = PRESETS["llama2-7b"]
+    cos, sin = rotary_table(c, 2048, torch.device("cpu"), dtype)
+    ang = torch.outer(torch.arange(2048, dtype=torch.float64), inverse_frequencies(c))
+    ang = torch.cat((ang, ang), dim=-1)
+    assert cos.dtype == sin.dtype == dtype
+    assert torch.equal(cos, ang.cos().to(dtype)) and torch.equal(sin, ang.sin().to(dtype))
+
+
+def test_rotary_table_is_usable_by_autograd_after_inference_mode():
+    c = PRESETS["tiny-llama"]
+    rotary_table.cache_clear()
+    with torch.inference_mode():
+        rotary_table(c, 16, torch.device("cpu"), torch.float32)
+    cos, _ = rotary_table(c, 16, torch.device("cpu"), torch.float32)
+    x = torch.ones(16, cos.shape[-1], requires_grad=True)
+    (x * cos).sum().backward()  # an inference tensor cannot be saved for backward
+    assert torch.equal(x.grad, cos)
