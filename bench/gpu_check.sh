@@ -26,6 +26,7 @@
 #   4. the same in fp32 at micro-batch 1, without --gpu-name (the default must name the device's
 #      catalog type), beside the estimator's fp32 prediction (TF32 off);
 #   5. the FSDP plan of the same job trained (fully_shard on one rank), its step time.
+# ONLY=REGEX runs the steps whose name starts with it (ONLY=2: step 2 alone, to rerun it).
 # --dry-run does all of it on the CPU with tiny-gpt (2 steps; no CUDA tests, no H200 rows to
 # compare): it checks the script, the set-up and every command line, not the GPU.
 set -euo pipefail
@@ -89,6 +90,7 @@ export PY OUT WORK STEPS DEVICE
 step() {
     local name=$1 secs=$2
     shift 2
+    if [[ -n "${ONLY:-}" && ! "$name" =~ ^$ONLY ]]; then return; fi
     echo "== $name"
     if timeout "$(limit "$secs")" bash -c '"$@"' _ "$@"; then
         echo "- $name: passed" >>"$OUT/steps.md"
@@ -203,7 +205,7 @@ for r in load_records(sys.argv[2], "memory"):
           f"{r['measured_bytes'] / 1e6:.1f} MB ({r['error']:+.1%}, {r['method']})")
 PYCODE
     echo '```'
-    cut -d, -f1 "$OUT/profile_fp32.csv" 2>/dev/null | sort -u | grep -v '^gpu$' | sed 's/^/fp32 rows named: /'
+    { cut -d, -f1 "$OUT/profile_fp32.csv" | sort -u | grep -v '^gpu$' | sed 's/^/fp32 rows named: /'; } 2>/dev/null || true
     for f in profile_vs_shipped.md profile_vs_estimate.md; do
         if [[ -f "$WORK/$f" ]]; then echo; echo "## $f"; cat "$WORK/$f"; fi
     done

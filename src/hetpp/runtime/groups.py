@@ -15,9 +15,11 @@ the plan alone.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from hetpp.specs.errors import SpecError
@@ -228,6 +230,22 @@ def plan_rank(plan: Plan, rank: int, world_size: int) -> int | None:
     )
 
 
+def _ordered_group(members: tuple[int, ...], timeout: timedelta) -> dist.ProcessGroup:
+    """A group whose group rank i is `members[i]`. A torch whose `new_group` has no `sort_ranks`
+    (2.11 has none, 2.13 has it) numbers a group's ranks in ascending order: there, a chain whose
+    ranks descend anywhere cannot be built, and every rank stops here alike (each builds the same
+    chains in turn)."""
+    if "sort_ranks" in inspect.signature(dist.new_group).parameters:
+        return dist.new_group(list(members), timeout=timeout, sort_ranks=False)
+    if list(members) != sorted(members):
+        raise SpecError(
+            f"a pipeline over ranks {list(members)} (not in ascending order) needs a torch whose "
+            f"new_group takes sort_ranks (2.13 does); this is torch {torch.__version__}",
+            field="pipelines",
+        )
+    return dist.new_group(list(members), timeout=timeout)
+
+
 class Groups:
     """Every process group the plan needs: pipelines (stage order) and reduction sets.
 
@@ -239,7 +257,7 @@ class Groups:
         role = ranks.role(rank)
         for members in ranks.chains:
             # Stage i must be group rank i: PipelineStage maps stage index to group rank.
-            g = dist.new_group(list(members), timeout=timeout, sort_ranks=False)
+            g = _ordered_group(members, timeout)
             if members == role.chain:
                 self.pipeline = g
         self.tp: dist.ProcessGroup | None = None
