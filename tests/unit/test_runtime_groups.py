@@ -137,3 +137,21 @@ def test_lanes_of_degrees_four_and_two_nest():
     ]
     plain = RankMap.of(_tp_plan([(0,), (1,)]))
     assert all(plain.role(r).links == () and plain.role(r).p2p == () for r in range(2))
+
+
+def test_a_torch_without_sort_ranks_builds_ascending_chains_and_refuses_others(monkeypatch):
+    from datetime import timedelta
+
+    from hetpp.runtime import groups
+
+    made = []
+
+    def old_new_group(ranks, timeout=None):  # torch 2.11's keywords: no sort_ranks
+        made.append(list(ranks))
+        return f"group{ranks}"
+
+    monkeypatch.setattr(groups.dist, "new_group", old_new_group)
+    assert groups._ordered_group((0, 2, 3), timedelta(seconds=1)) == "group[0, 2, 3]"
+    with pytest.raises(SpecError, match=r"ranks \[3, 0, 1\].*sort_ranks"):
+        groups._ordered_group((3, 0, 1), timedelta(seconds=1))
+    assert made == [[0, 2, 3]]  # the refused chain asked torch for nothing
