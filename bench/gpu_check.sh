@@ -115,15 +115,23 @@ nodes:
   - {gpu: H200, gpus_per_node: 1, intra_node_GBps: 450}
 inter_node_GBps: 25
 YAML
+# The job's plan on one H200 (gpt3-1.3b bf16, no recomputation): the plan file, then options.
+plan_job() {
+    local out=$1
+    shift
+    "$PY" -m hetpp.cli.main plan --cluster "$WORK/one-h200.yaml" --model "$MODEL" \
+        --global-batch "$BATCH" --seq-len "$SEQ" --precision bf16 --micro-batch-sizes "$MBS" \
+        --recompute off --out "$out" "$@"
+}
+export -f plan_job
+export MODEL BATCH SEQ MBS
 # --strategy hpp: the pipelining runtime is what this checks (on one device `best` picks FSDP,
 # whose optimizer step the cost model prices 1% cheaper; step 5 trains that one). 1F1B
 # (`--try-schedules` with no names): --memory-report compares 1F1B and GPipe stages only; on
 # one device the planner's own pick, ZB-H1 (a split backward), costs the same and step 2d
 # trains it.
-step "2a. hetpp plan (one H200, $MODEL, bf16, hpp, 1F1B)" 60 "$PY" -m hetpp.cli.main plan \
-    --cluster "$WORK/one-h200.yaml" --model "$MODEL" --global-batch "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --micro-batch-sizes "$MBS" --recompute off --strategy hpp --try-schedules \
-    --out "$OUT/plan.json"
+step "2a. hetpp plan (one H200, $MODEL, bf16, hpp, 1F1B)" 60 plan_job "$OUT/plan.json" \
+    --strategy hpp --try-schedules
 step "2b. hetpp train, $STEPS steps" 150 "$PY" -m hetpp.cli.main train --plan "$OUT/plan.json" \
     --steps "$STEPS" --metrics "$OUT/run.jsonl" --memory-report --lr 1e-4
 plain() {
@@ -133,10 +141,7 @@ plain() {
 }
 export -f plain
 step "2c. plain PyTorch loop, same model and precision" 80 plain
-step "2d. hetpp plan, the planner's own schedule" 60 "$PY" -m hetpp.cli.main plan \
-    --cluster "$WORK/one-h200.yaml" --model "$MODEL" --global-batch "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --micro-batch-sizes "$MBS" --recompute off --strategy hpp \
-    --out "$WORK/plan_own.json"
+step "2d. hetpp plan, the planner's own schedule" 60 plan_job "$WORK/plan_own.json" --strategy hpp
 step "2e. hetpp train of that plan, $STEPS steps" 90 "$PY" -m hetpp.cli.main train \
     --plan "$WORK/plan_own.json" --steps "$STEPS" --metrics "$WORK/run_own.jsonl" --lr 1e-4
 
@@ -170,10 +175,7 @@ else
 fi
 
 # --- 5. the FSDP plan of the same job (fully_shard on one rank) -------------------------------
-step "5a. hetpp plan --strategy fsdp" 60 "$PY" -m hetpp.cli.main plan \
-    --cluster "$WORK/one-h200.yaml" --model "$MODEL" --global-batch "$BATCH" --seq-len "$SEQ" \
-    --precision bf16 --micro-batch-sizes "$MBS" --recompute off --strategy fsdp \
-    --out "$WORK/plan_fsdp.json"
+step "5a. hetpp plan --strategy fsdp" 60 plan_job "$WORK/plan_fsdp.json" --strategy fsdp
 step "5b. hetpp train (FSDP), $STEPS steps" 90 "$PY" -m hetpp.cli.main train \
     --plan "$WORK/plan_fsdp.json" --steps "$STEPS" --metrics "$WORK/run_fsdp.jsonl" --lr 1e-4
 
