@@ -15,18 +15,16 @@ k that fits per size; this prints them all. Last, the row with the join on.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 
-from planner import _chosen, scenarios
+from idle_devices import chosen_problems
 
 from hetpp.cost.step import device_memories
 from hetpp.planner import Problem, halves, idle, plan, unused_devices
 from hetpp.planner.assemble import evaluate
 from hetpp.planner.halves import in_halves
 from hetpp.planner.sharding import sharded_problem
-from hetpp.specs import TrainSpec, load_cluster, load_model
 
 GB = 1e9
 
@@ -64,15 +62,8 @@ def _trials(costed: Problem, got, free: set[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", required=True, metavar="CLUSTER:MODEL")
-    args = ap.parse_args(argv)
-    for cluster_file, model, batch, seq in scenarios(False):
-        if not _chosen((cluster_file, model), args.only):
-            continue
-        cluster = load_cluster(cluster_file)
-        train = TrainSpec(global_batch=batch, seq_len=seq)
-        problem = Problem(load_model(model, seq), cluster, train, sharding_mode="targeted")
+    for model, problem in chosen_problems(argv, __doc__):
+        cluster = problem.cluster
         got = _without_join(problem).plan
         free = set(unused_devices(problem, got))
         base = sharded_problem(problem) if got.sharding == "optimizer" else problem
