@@ -9,6 +9,7 @@ from planner_cases import cluster, problem, small_model
 
 from hetpp.planner import Problem, halves, idle, plan, search, sharding, unused_devices
 from hetpp.planner.assemble import evaluate
+from hetpp.planner.halves import in_halves
 from hetpp.planner.idle import joined_if_faster, with_idle_pipelines
 from hetpp.planner.placement import take_runs
 from hetpp.specs import GpuType
@@ -84,12 +85,29 @@ def test_unused_devices_join_the_v_pipelines_as_extra_stages(monkeypatch):
     assert got.iteration_time_s < 0.95 * without.iteration_time_s  # 1.502 against 1.647 s
 
 
-def test_join_keeps_a_plan_without_unused_devices():
+def test_join_appends_the_devices_at_the_v_turn_and_keeps_the_batch(monkeypatch):
     prob = _join_problem()
-    got = plan(prob, "hpp")
-    costed = sharding.sharded_problem(prob) if got.plan.sharding == "optimizer" else prob
-    again = joined_if_faster(costed.on_unit(got.plan.model.layer_unit), got.plan, got.step)
-    assert again[0] is got.plan and again[1] is got.step
+    for module in (idle, halves):
+        monkeypatch.setattr(module, "joined_if_faster", lambda problem, plan, step: (plan, step))
+    without = plan(prob, "hpp")
+    monkeypatch.undo()
+    costed = sharding.sharded_problem(prob) if without.plan.sharding == "optimizer" else prob
+    start = without.plan if without.plan.model.layer_unit == "half" else in_halves(without.plan)
+    costed = costed.on_unit("half")
+    step = evaluate(costed, start)
+    got, cost = joined_if_faster(costed, start, step)
+    assert cost.fits and cost.iteration_time_s < step.iteration_time_s
+    assert evaluate(costed, got).iteration_time_s == cost.iteration_time_s
+    free = set(unused_devices(prob, start))
+    for old, new in zip(start.pipelines, got.pipelines):
+        k = len(new.devices) - len(old.devices)
+        assert k > 0 and new.devices[: len(old.devices)] == old.devices  # after the last device
+        assert set(new.devices[-k:]) <= free
+    assert sum(p.batch for p in got.pipelines) == prob.global_batch
+    # nothing left to join: the plan comes back as it was
+    assert unused_devices(prob, got) == []
+    again = joined_if_faster(costed, got, cost)
+    assert again[0] is got and again[1] is cost
 
 
 def test_take_runs_fills_one_node_before_splitting_a_run():
