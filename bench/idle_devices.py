@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+from collections.abc import Iterator
 
 from planner import _chosen, scenarios
 
@@ -27,16 +28,22 @@ from hetpp.planner.sharding import sharded_problem
 from hetpp.specs import TrainSpec, load_cluster, load_model
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def chosen_problems(argv: list[str] | None, doc: str) -> Iterator[tuple[str, Problem]]:
+    """(model, problem) of each suite row the command line's `--only` names, the problem as
+    `bench/planner.py` plans it (hpp's default sharding); `doc` is the script's docstring."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--only", nargs="+", required=True, metavar="CLUSTER:MODEL")
     args = ap.parse_args(argv)
     for cluster_file, model, batch, seq in scenarios(False):
-        if not _chosen((cluster_file, model), args.only):
-            continue
-        cluster = load_cluster(cluster_file)
-        train = TrainSpec(global_batch=batch, seq_len=seq)
-        problem = Problem(load_model(model, seq), cluster, train, sharding_mode="targeted")
+        if _chosen((cluster_file, model), args.only):
+            train = TrainSpec(global_batch=batch, seq_len=seq)
+            cluster = load_cluster(cluster_file)
+            yield model, Problem(load_model(model, seq), cluster, train, sharding_mode="targeted")
+
+
+def main(argv: list[str] | None = None) -> None:
+    for model, problem in chosen_problems(argv, __doc__):
+        cluster = problem.cluster
         got = plan(problem, "hpp").plan
         costed = sharded_problem(problem) if got.sharding == "optimizer" else problem
         step = evaluate(costed, got)

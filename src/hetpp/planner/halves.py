@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from hetpp.cost.step import StepCost
 from hetpp.planner.assemble import PlanResult, evaluate_below
+from hetpp.planner.idle import joined_if_faster
 from hetpp.planner.problem import Problem
 from hetpp.planner.resplit import resplit_if_faster
 from hetpp.planner.sharding import sharded_problem
@@ -69,7 +70,8 @@ def halves_if_faster(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan
     cost = evaluate_below(halved, moved, float("inf"))  # None: it does not fit
     if cost is None:
         return plan, step
-    got, got_step = resplit_if_faster(halved, moved, cost)
+    # a half block is what lets an unused small device take a stage of each V chunk
+    got, got_step = resplit_if_faster(halved, *joined_if_faster(halved, moved, cost))
     if got_step.fits and got_step.iteration_time_s < (1 - HALF_MIN_GAIN) * step.iteration_time_s:
         return got, got_step
     return plan, step

@@ -17,6 +17,21 @@ fewer samples are not built. The few (k, m, size) whose closed-form time fits in
 batch then leaves, and that bring the slowest pipeline earlier, are costed by the
 full step cost (gradient sync over the larger group, sharded state over more owners, memory)
 and kept only where faster: never a slower plan than it was given.
+
+A type fast enough to take a stage beside the plan's devices but too small for a pipeline of its
+own is left idle too: a T4 (16 GB) holds no llama2-7b pipeline beside a few H100s' step, yet one
+block of it (two halves of a V-placed pipeline, one per chunk) takes less than the H100s'
+stages do. `joined_if_faster` appends k unused devices of a type to each pipeline of one shape
+(under the V placement after its last device, the turn: on gen-32 llama2-7b at half blocks
+and micro-batch 2 that cost 2.982 s against 3.018 s after the first device at k = 1, 2.678
+against 2.750 s at k = 5; otherwise before the last device, which holds the head), cuts the
+layers over the longer pipeline by whole-layer counts balanced against each device's speed
+(`chunksplit.ChunkLayout.counts`, each stage without the embedding or head taking a layer at
+least; every stage at the plan's recomputation), and runs it at each micro-batch size that
+divides the pipelines' share (a deeper pipeline keeps more micro-batches in flight on its fast
+devices: gen-32 llama2-7b's H100s overfill at two samples with T4s added, and fit at one).
+Each trial (the batch shared out again where other shapes remain) is kept only where the full
+step cost improves and fits.
 """
 
 from __future__ import annotations
@@ -26,9 +41,12 @@ from dataclasses import dataclass
 
 from hetpp.cost.step import StepCost
 from hetpp.planner.assemble import evaluate_below, unused_devices
+from hetpp.planner.chunksplit import ChunkLayout
 from hetpp.planner.mixed_mbs import shares
 from hetpp.planner.partition import StageTables, balance_stages, stage_load, stage_tables
+from hetpp.planner.placement import take_runs
 from hetpp.planner.problem import Problem
+from hetpp.planner.resplit import _may_beat, _recut, _shape
 from hetpp.planner.schedules import _groups
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 from hetpp.specs.schedule import SCHEDULES
@@ -54,17 +72,19 @@ class IdleTrial:
 
 def with_idle_pipelines(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan, StepCost]:
     """`plan` with GPipe pipelines added on its unused devices and the batch shared out again,
-    where the full step cost says that is faster; else `plan` and `step`."""
-    if plan.sharding == "full" or IDLE_SCHEDULE in {p.schedule for p in plan.pipelines}:
+    then with unused devices joined to its pipelines (`joined_if_faster`), where the full step
+    cost says that is faster; else `plan` and `step`."""
+    if plan.sharding == "full":
         return plan, step
-    trials = sorted(_idle_trials(problem, plan, step), key=lambda t: -t.samples)
     best = (plan, step)
+    gpipe = IDLE_SCHEDULE in {p.schedule for p in plan.pipelines}
+    trials = [] if gpipe else sorted(_idle_trials(problem, plan, step), key=lambda t: -t.samples)
     for trial in trials[:IDLE_TRIALS]:
         got = _with_trial(problem, plan, trial, max(step.pipeline_time_s))
         cost = None if got is None else evaluate_below(problem, got, best[1].iteration_time_s)
         if cost is not None and cost.fits and cost.iteration_time_s < best[1].iteration_time_s:
             best = (got, cost)
-    return best
+    return joined_if_faster(problem, *best)
 
 
 def _with_trial(problem: Problem, plan: Plan, trial: IdleTrial, pipe_s: float) -> Plan | None:
@@ -164,3 +184,91 @@ def _copies(
         for c in range(copies)
     )
     return pipes, sum(times) + (m - 1) * max(times)
+
+
+def joined_if_faster(problem: Problem, plan: Plan, step: StepCost) -> tuple[Plan, StepCost]:
+    """`plan` with unused devices appended to the pipelines of one shape (the module
+    docstring): the fastest trial that fits and beats `step`, else `plan` and `step`. Per shape,
+    type and micro-batch size, the most devices per pipeline go first, down to the first trial
+    that fits (more stages take more work off the others; fewer are tried only where memory or
+    the busiest device rules the trial out)."""
+    if plan.sharding == "full":
+        return plan, step
+    free = set(unused_devices(problem, plan))
+    best = (plan, step)
+    for members in _shapes(problem, plan) if free else ():
+        pipe = plan.pipelines[members[0]]
+        share = pipe.micro_batch_size * pipe.num_micro_batches
+        sizes = sorted((b for b in problem.micro_batch_sizes if share % b == 0), reverse=True)
+        for pool, mbs in itertools.product(problem.pools.values(), sizes):
+            most = sum(d in free for node in pool.nodes for d in node) // len(members)
+            for k in range(most if pool.tp == 1 else 0, 0, -1):
+                trial = _joined(problem, plan, members, pool.nodes, free, k, mbs)
+                # the joined pipelines alone (memory, their busiest device) rule most trials
+                # out before the batch is shared out and the step costed
+                if trial is None or not _may_beat(problem, best, trial.pipelines[members[0]]):
+                    continue
+                if len(members) < len(plan.pipelines):
+                    trial = shares(problem, trial) or trial
+                cost = evaluate_below(problem, trial, best[1].iteration_time_s)
+                if cost is not None and cost.fits:
+                    if cost.iteration_time_s < best[1].iteration_time_s:
+                        best = (trial, cost)
+                    break
+    return best
+
+
+def _shapes(problem: Problem, plan: Plan) -> list[list[int]]:
+    """The indices of each shape's pipelines (identical stages' types, layers and
+    recomputation, schedule, micro-batch size and count), pipelines with TP stages left out."""
+    groups: dict[tuple, list[int]] = {}
+    for i, pipe in enumerate(plan.pipelines):
+        if not pipe.has_tp:
+            key = (_shape(problem, plan, pipe), pipe.num_micro_batches)
+            groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _joined(
+    problem: Problem,
+    plan: Plan,
+    members: list[int],
+    nodes: tuple[tuple[int, ...], ...],
+    free: set[int],
+    k: int,
+    mbs: int,
+) -> Plan | None:
+    """`plan` with `k` of the `free` devices of one type (`nodes`) appended to each pipeline of
+    `members` (one shape), all at micro-batch size `mbs` over the same share of the batch and
+    cut again alike (`ChunkLayout.counts`); None where the devices, the layers or the
+    schedule's micro-batch rule do not allow it."""
+    runs = take_runs(nodes, free, [k] * len(members))
+    first = plan.pipelines[members[0]]
+    spec = first.schedule_in(plan.train)
+    m = first.micro_batch_size * first.num_micro_batches // mbs
+    num_devices = len(first.devices) + k
+    num = first.chunks * num_devices
+    if runs is None or num > problem.layer_list_len:
+        return None
+    if spec.micro_batch_problem(num, num_devices, m):
+        return None
+    pipes = list(plan.pipelines)
+    for i, extra in zip(members, runs):
+        old = pipes[i].devices
+        # the V placement's last device holds the turn; the others' holds the head
+        devices = [*old, *extra] if spec.placement == "v" else [*old[:-1], *extra, old[-1]]
+        stages = tuple(
+            StagePlan(devices=(devices[spec.device_index(s, num_devices)],), layers=(s, s + 1))
+            for s in range(num)
+        )
+        pipes[i] = first.model_copy(
+            update={"stages": stages, "micro_batch_size": mbs, "num_micro_batches": m}
+        )
+    layout = ChunkLayout.of(problem, plan, pipes[members[0]])
+    counts = layout.counts()
+    if counts is None:
+        return None
+    cuts = layout.cuts(counts, "time")
+    for i in members:
+        pipes[i] = _recut(pipes[i], cuts)
+    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})

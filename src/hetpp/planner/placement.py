@@ -9,7 +9,7 @@ nodes with the most free devices (fewest node crossings, so fewest slow links).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from hetpp.planner.problem import Problem
 from hetpp.planner.shapes import Runs
@@ -31,6 +31,16 @@ def place(problem: Problem, pipelines: Sequence[Runs]) -> list[tuple[int, ...]] 
         tuple(d for r in range(len(runs)) for d in chosen[(p, r)])
         for p, runs in enumerate(pipelines)
     ]
+
+
+def take_runs(
+    nodes: Sequence[Sequence[int]], free: Collection[int], sizes: Sequence[int]
+) -> list[list[int]] | None:
+    """Runs of `sizes[i]` devices out of the `free` ones among one type's `nodes` (in order),
+    each taken as `place` takes a run; None if too few are free."""
+    pool = _Free([[d for d in node if d in free] for node in nodes])
+    runs = [pool.take(n) for n in sizes]
+    return None if None in runs else runs
 
 
 class _Free:
