@@ -123,3 +123,18 @@ def test_baselines_plans_out_of_reach_are_not_cut_at_half_blocks(monkeypatch):
     tried.clear()
     with_half_blocks(_problem(half_blocks=True), whole)
     assert [s for s, _ in tried] == ["hpp", *sorted(others, key=others.get)]
+
+
+def test_a_baselines_half_block_plan_must_save_the_passs_threshold():
+    # edu-32 llama2-7b: the layer-balanced plan at half blocks is 0.45% faster than hpp's
+    # whole-block plan, less than `HALF_MIN_GAIN`, which hpp's own plan must save too
+    cl = load_cluster(Path(__file__).parents[2] / "bench" / "scenarios" / "edu-32.yaml")
+    whole = run_planner(problem(cl, "llama2-7b", 128, 2048, sharding_mode="targeted",
+                                half_blocks=False))  # fmt: skip
+    p = problem(cl, "llama2-7b", 128, 2048, sharding_mode="targeted", half_blocks=True)
+    (layer,) = [r for r in whole.others if r.strategy == "layer-balanced"]
+    _, step = halves_if_faster(_costing_problem(p, layer.plan), layer.plan, layer.step)
+    gain = 1 - step.iteration_time_s / whole.iteration_time_s
+    assert 0 < gain < halves.HALF_MIN_GAIN
+    got = with_half_blocks(p, whole)
+    assert got.plan.model.layer_unit == "block" and got.step is whole.step
