@@ -7,9 +7,13 @@ pass (`planner.schedules.group_trials`, and every shape at once) on hpp's final 
 problem it was costed with (sharded plans: `sharded_problem`) and the split freedom of the
 strategy that made it. Per trial: not built (and why), overfilled (the worst device, its
 memory over capacity, and what grew against the plan: model states, activations, receive
-buffers, transients), or fit: its step against the plan's, split into the slowest pipeline's
+buffers, transients; the step it would take if it fitted; and the memory the overfilled
+pipelines need against what their devices hold, which no re-split can bring below the sum of
+what every stage holds whatever its cut where each stage holds the same micro-batches, as under
+zbh1), or fit: its step against the plan's, split into the slowest pipeline's
 work (micro-batches x busiest device), its bubble (the rest of that pipeline's time), P2P per
-micro-batch on it, and the tail after the pipelines (exposed sync, optimizer, gathers).
+micro-batch on it, and the tail after the pipelines (exposed sync, optimizer, gathers). A plan
+cut at half blocks (hpp's last pass) is replayed on the half-unit problem it was costed on.
 """
 
 from __future__ import annotations
@@ -67,9 +71,17 @@ def _memory_verdict(base: StepCost, step: StepCost) -> str:
         "transient": m.transient - old.transient,
     }
     parts = ", ".join(f"{k} {v / GB:+.2f}" for k, v in grew.items())
+    # what the overfilled pipelines' devices hold against their capacity, all together
+    over = {dev for _, dev in overfull}
+    full = {st.pipeline for st in step.stages if st.device in over}
+    held = {st.device for st in step.stages if st.pipeline in full}
+    need = sum(now[x][0].total for x in held)
+    have = sum(now[x][1] for x in held)
     return (
         f"overfills {len(overfull)} devices; worst {d} ({gpu}) {ratio:.3f}x of "
-        f"{cap / GB:.1f} GB; against the plan (GB): {parts}"
+        f"{cap / GB:.1f} GB; against the plan (GB): {parts}; "
+        f"{step.iteration_time_s:.3f} s if it fitted; its pipelines need "
+        f"{need / GB:.0f} of {have / GB:.0f} GB"
     )
 
 
@@ -81,7 +93,7 @@ def _verdict(problem: Problem, final: Plan, base: StepCost, trial: Plan | None) 
     if rc:
         print(f"      (recomputes {rc} chunked stages)")
     if step is None:  # `evaluate_below` refuses a plan that overfills before timing it
-        return "overfills (refused before timing)"
+        step = evaluate(problem, trial)  # the full cost times it and judges its memory after
     if not step.fits:
         return _memory_verdict(base, step)
     a, b = _parts(final, base), _parts(trial, step)
@@ -102,7 +114,7 @@ def report(cluster_file, model: str, batch: int, seq: int) -> None:
     split = SCHEDULE_FREEDOM.get(origin, ("balanced", True))[0]
     print(f"## {cluster.name} {model}: from {origin} (split {split})")
     costing = sharded_problem(problem) if final.sharding != "none" else problem
-    replay(costing, final, split)
+    replay(costing.on_unit(final.model.layer_unit), final, split)
     if final.sharding == "none" and len(final.pipelines) > 1:
         replay(*sharded_start(problem, final), split)  # what the targeted pass starts from
 
