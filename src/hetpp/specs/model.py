@@ -278,6 +278,11 @@ class LayerSpec(BaseModel):
     weight_grad_input_whole_under_tp_per_sample: int = 0
     """Of `weight_grad_input_bytes_per_sample`, what every tensor-parallel rank keeps whole: the
     outputs of the row-parallel projections (attention out, MLP down) and of the norms."""
+    input_grad_frees_bytes_per_sample: int = 0
+    """Of `saved_bytes_per_sample`, what a pipeline's last stage no longer keeps once a split
+    backward's I has run: torch detaches the loss after it and drops its cache of the stage's
+    output, so the head's logits and the loss's float32 log-probabilities go, while the
+    final norm's tensors stay for the W (measured: `hetpp train --memory-report`)."""
 
 
 class ModelSpec(BaseModel):
@@ -434,4 +439,5 @@ def _head(c: ModelConfig, s: int, d: int) -> dict:
         saved_bytes_per_sample=saved,
         saved_bytes_recompute_per_sample=saved,
         weight_grad_input_bytes_per_sample=s * (pv + h) * d,  # the padded logits, the norm's out
+        input_grad_frees_bytes_per_sample=s * pv * d + s * v * 4,
     )
