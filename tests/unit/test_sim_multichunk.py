@@ -199,17 +199,10 @@ def test_a_device_is_charged_its_replayed_activation_peak(name):
         costs = stage_layer_costs(cm, pipe.stages[st.stage], pipe.micro_batch_size)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[rank[st.device], st.stage] = one.activations
-        place = (st.stage, len(pipe.stages), len(pipe.devices))  # a V's turn keeps more
+        schedule = pipe.schedule_in(plan.train)  # a V's turn keeps more
+        place = (st.stage, len(pipe.stages), len(pipe.devices))
         one = stage_memory(
-            cm.model,
-            cm.train,
-            costs,
-            *st.layers,
-            0,
-            0,
-            schedule=pipe.schedule_in(plan.train),
-            place=place,
-            num_pending=1,
+            cm.model, cm.train, costs, *st.layers, 0, 0, 1, schedule, place, num_pending=1
         )
         pending[rank[st.device], st.stage] = one.activations
     peak = res.trace.activation_peak(saved, np.zeros(len(res.devices)), pending)

@@ -167,6 +167,10 @@ class CostModel:
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
         fwd, bwd, again_s, saved, full, kept = [], [], [], [], [], []
+        # float32 parameters under autocast: an RMSNorm's output gradient is float32, which the
+        # spec counts at the model's dtype (`LayerSpec.weight_grad_input_rms_norm_bytes_...`)
+        fp32_params = self.train.precision != "fp32" and not self.train.half_params
+        promoted = 4 / self.model.dtype_bytes - 1 if fp32_params else 0.0
         for layer in layers:
             split = tp if layer.kind in BLOCK_KINDS else 1  # `cost.tp`: blocks only
             f, b, act = self._measured_or_estimated(table, gpu, layer, mbs, split)
@@ -177,6 +181,7 @@ class CostModel:
                 act = tp_saved_bytes(act, layer.saved_bytes_whole_under_tp_per_sample * mbs, split)
                 whole = layer.weight_grad_input_whole_under_tp_per_sample * mbs
                 grads = tp_saved_bytes(grads, whole, split)
+            grads += layer.weight_grad_input_rms_norm_bytes_per_sample * mbs * promoted
             # The runtime recomputes transformer blocks only (runtime/recompute.py): the
             # embedding and the head keep their activations and run forward once.
             again = recompute and layer.kind in BLOCK_KINDS

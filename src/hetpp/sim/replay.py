@@ -263,17 +263,10 @@ def _activation_peaks(
         costs = stage_layer_costs(cm, pipe.stages[st.stage], pipe.micro_batch_size)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[r, st.stage] = one.activations
-        place = (st.stage, len(pipe.stages), len(pipe.devices))  # a V's turn keeps more
+        schedule = pipe.schedule_in(plan.train)  # a V's turn keeps more
+        place = (st.stage, len(pipe.stages), len(pipe.devices))
         pending[r, st.stage] = stage_memory(
-            cm.model,
-            cm.train,
-            costs,
-            *st.layers,
-            0,
-            0,
-            schedule=pipe.schedule_in(plan.train),
-            place=place,
-            num_pending=1,
+            cm.model, cm.train, costs, *st.layers, 0, 0, 1, schedule, place, num_pending=1
         ).activations
         transient[r] = max(transient[r], one.transient)
     return trace.activation_peak(saved, transient, pending)
