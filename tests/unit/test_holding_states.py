@@ -15,25 +15,32 @@ CHUNKS = {"one": (1,), "loop": (2, 3), "v": (2,)}
 
 
 def _stepwise(spec, num_devices: int, chunks: int, m: int) -> list[list[tuple[int, ...]]]:
-    """Per device, the distinct (held, pending) counts per stage after each F and I, sorted
-    as tuples sort, those another state holds at least as many of everywhere left out."""
+    """Per device, the distinct (held but not pending, pending) counts per stage after each F
+    and I, sorted as tuples sort, those another state holds at least as many of everywhere left
+    out, then written as (held, pending) counts."""
     out = []
     for d in range(num_devices):
         order = spec.order(d, num_devices, chunks, m)
         stages = sorted({s for _, s, _ in order})
-        held = [0] * (2 * len(stages))
+        counts = [0] * (2 * len(stages))
         seen = set()
         for kind, stage, _ in order:
             j = 2 * stages.index(stage)
+            if kind == "F":
+                counts[j] += 1
+            elif kind == "I":  # a held micro-batch becomes pending
+                counts[j] -= 1
+                counts[j + 1] += 1
+            else:  # B frees a held one, W a pending one
+                counts[j + (kind == "W")] -= 1
             if kind in "FI":
-                held[j + (kind == "I")] += 1
-                seen.add(tuple(held))
-            else:
-                held[j] -= 1
-                held[j + 1] -= kind == "W"
+                seen.add(tuple(counts))
         rows = sorted(seen)
+        kept = [
+            a for a in rows if not any(b != a and all(x >= y for x, y in zip(b, a)) for b in rows)
+        ]
         out.append(
-            [a for a in rows if not any(b != a and all(x >= y for x, y in zip(b, a)) for b in rows)]
+            [sum(((a[j] + a[j + 1], a[j + 1]) for j in range(0, len(a), 2)), ()) for a in kept]
         )
     return out
 

@@ -38,9 +38,47 @@ def test_a_tracked_tensor_counts_while_it_lives_and_a_live_receive_buffer_not_at
     del a
     assert meter.now == 200
     info = SimpleNamespace(is_root_arg=False, buffer=torch.zeros(25))
-    meter.buffers = LiveBuffers()
-    meter.buffers.adopt([(info,)])
-    meter.buffers.restore((info,))
+    buffers = LiveBuffers()
+    meter.buffers = [buffers]
+    buffers.adopt([(info,)])
+    buffers.restore((info,))
     meter.track(info.buffer)  # counted as a buffer, not here
     del b
     assert (meter.now, meter.peak) == (0, 600)
+
+
+def test_the_meter_sees_what_a_split_backward_keeps_from_its_i_to_its_w_until_it_dies():
+    # torch's I (`stage_backward_input`) leaves the forward's saved tensors packed for the W
+    # and catches the gradients flowing into the weighted ops, which are no saved tensors:
+    # the probe tracks those from the stage's `backward_state`. Both count until the W drops
+    # them, and nothing stays counted after.
+    import gc
+
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from hetpp.runtime.memory import pending_weight_grad_inputs
+    from hetpp.runtime.model import build_layer
+    from hetpp.specs import PRESETS
+    from hetpp.specs.model import ModelSpec
+
+    torch.manual_seed(0)
+    config, seq, batch = PRESETS["tiny-llama"], 8, 2
+    block = build_layer(config, 1, seed=0, dtype=torch.float32)
+    meter = SavedTensorMeter(parameter_storages(block))
+    x = torch.randn(batch, seq, config.hidden_size, requires_grad=True)
+    with meter.region():
+        out = block(x)
+        held = meter.now
+        grad = torch.ones_like(out)  # the output gradient, received
+        _, groups = stage_backward_input([out], [grad], [x], block.parameters())
+        assert meter.now == held  # the saved tensors stay counted for the W
+        stage = SimpleNamespace(backward_state={0: ([x], groups, [out], [grad])})
+        for kept in pending_weight_grad_inputs(stage, 0):
+            meter.track(kept)
+        spec = ModelSpec(config=config, seq_len=seq, dtype_bytes=4).layers[1]
+        assert meter.now - held == batch * spec.weight_grad_input_bytes_per_sample
+        stage_backward_weight(block.parameters(), groups)
+        del stage, groups, out, grad, kept
+        gc.collect()
+    assert meter.now == 0
+    assert all(p.grad is not None for p in block.parameters())

@@ -44,6 +44,9 @@ class LayerCosts:
     weight_grad_input_bytes: np.ndarray
     """Bytes a split backward keeps per layer from a micro-batch's I to its W besides the saved
     activations (`LayerSpec.weight_grad_input_bytes_per_sample`)."""
+    input_grad_freed_bytes: np.ndarray
+    """Of `saved_bytes`, what a last stage's I frees
+    (`LayerSpec.input_grad_frees_bytes_per_sample`)."""
     source: str
     """'measured' or 'estimated'."""
     tp: int = 1
@@ -53,6 +56,7 @@ class LayerCosts:
     _recompute_cum: np.ndarray = field(init=False, repr=False)
     _saved_cum: np.ndarray = field(init=False, repr=False)
     _weight_grad_input_cum: np.ndarray = field(init=False, repr=False)
+    _input_grad_freed_cum: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, arr in (
@@ -61,6 +65,7 @@ class LayerCosts:
             ("_recompute_cum", self.recompute_fwd_s),
             ("_saved_cum", self.saved_bytes),
             ("_weight_grad_input_cum", self.weight_grad_input_bytes),
+            ("_input_grad_freed_cum", self.input_grad_freed_bytes),
         ):
             object.__setattr__(self, name, np.concatenate([[0.0], np.cumsum(arr)]))
 
@@ -80,6 +85,10 @@ class LayerCosts:
     def weight_grad_inputs(self, start: int, end: int) -> float:
         """`weight_grad_input_bytes` of layers [start, end)."""
         return float(self._weight_grad_input_cum[end] - self._weight_grad_input_cum[start])
+
+    def input_grad_freed(self, start: int, end: int) -> float:
+        """`input_grad_freed_bytes` of layers [start, end)."""
+        return float(self._input_grad_freed_cum[end] - self._input_grad_freed_cum[start])
 
     @property
     def fwd_cum(self) -> np.ndarray:
@@ -158,6 +167,10 @@ class CostModel:
         measured = gpu.name.lower() in self.profiles.gpus()
         table = self.profiles.for_gpu(gpu.name) if measured else None
         fwd, bwd, again_s, saved, full, kept = [], [], [], [], [], []
+        # float32 parameters under autocast: an RMSNorm's output gradient is float32, which the
+        # spec counts at the model's dtype (`LayerSpec.weight_grad_input_rms_norm_bytes_...`)
+        fp32_params = self.train.precision != "fp32" and not self.train.half_params
+        promoted = 4 / self.model.dtype_bytes - 1 if fp32_params else 0.0
         for layer in layers:
             split = tp if layer.kind in BLOCK_KINDS else 1  # `cost.tp`: blocks only
             f, b, act = self._measured_or_estimated(table, gpu, layer, mbs, split)
@@ -168,6 +181,7 @@ class CostModel:
                 act = tp_saved_bytes(act, layer.saved_bytes_whole_under_tp_per_sample * mbs, split)
                 whole = layer.weight_grad_input_whole_under_tp_per_sample * mbs
                 grads = tp_saved_bytes(grads, whole, split)
+            grads += layer.weight_grad_input_rms_norm_bytes_per_sample * mbs * promoted
             # The runtime recomputes transformer blocks only (runtime/recompute.py): the
             # embedding and the head keep their activations and run forward once.
             again = recompute and layer.kind in BLOCK_KINDS
@@ -187,6 +201,9 @@ class CostModel:
             peak_extra_bytes=np.array(full, dtype=float),
             send_bytes=np.array([x.send_bytes_per_sample * mbs for x in layers], dtype=float),
             weight_grad_input_bytes=np.array(kept, dtype=float),
+            input_grad_freed_bytes=np.array(
+                [x.input_grad_frees_bytes_per_sample * mbs for x in layers], dtype=float
+            ),
             source="measured" if measured else "estimated",
             tp=tp,
         )

@@ -164,7 +164,10 @@ def in_flight_counts(
     if schedule.placement == "one" and not schedule.splits_backward:
         return tuple((schedule.in_flight(s, num, m), 0) for s in range(num))
     held = [_held_bytes(c, *span) for c, span in zip(costs, layers)]
-    pending = [_pending_bytes(c, *span) for c, span in zip(costs, layers)]
+    pending = [
+        _pending_bytes(c, *span, _next_stage_local(schedule, (s, num, num_devices)))
+        for s, (c, span) in enumerate(zip(costs, layers))
+    ]
     counts = [(0, 0)] * num
     for states in _holding_states(schedule.name, num_devices, num // num_devices, m):
         peak = int(np.argmax(_state_loads(states, held, pending)))  # the first largest
@@ -199,8 +202,9 @@ class HoldingStates(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[HoldingStates, ...]:
     """Per device: what its stages hold after each forward and each I of its order (the only
-    steps that add), in ascending order of the (held, pending) counts stage after stage, those
-    that another holds at least as many of on every stage left out. A micro-batch is held from
+    steps that add), in ascending order of the (held but not pending, pending) counts stage
+    after stage, those that another holds at least as many of on every stage left out (the
+    states keep the held and the pending counts). A micro-batch is held from
     its forward to its backward, a split one's W (which needs them), as
     `ScheduleSpec.in_flight` counts; it is pending from its I to its W (torch keeps the weighted
     ops' output gradients for the W, `_pending_bytes`)."""
@@ -211,11 +215,15 @@ def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[H
     pairs = np.unique(key)
     local = np.searchsorted(pairs, key) - np.searchsorted(pairs, key - stage)
     width = 2 * (int(local.max(initial=0)) + 1)
-    # what each step adds: a forward one held, an I one pending; a B or W frees its held
-    # micro-batch, a W ends its pending; the replay is their running sum, device by device
+    # the replay counts per stage the held micro-batches not pending and the pending ones: a
+    # forward adds one of the first, an I moves it to the second, a B frees one of the first
+    # and a W one of the second; the replay is their running sum, device by device. (Each
+    # column's bytes are then never negative, as the pruning below needs: a pending one holds
+    # `held + pending` bytes, where `pending` alone is negative on a last stage, whose I frees
+    # the logits.)
     delta = np.zeros((len(kind), width), dtype=int)
     row = np.arange(len(kind))
-    delta[row, 2 * local] = (kind == PARTS["F"]) * 1 - (kind >= PARTS["W"])
+    delta[row, 2 * local] = (kind == PARTS["F"]) * 1 - (kind == PARTS["I"]) - (kind == PARTS["B"])
     delta[row, 2 * local + 1] = (kind == PARTS["I"]) * 1 - (kind == PARTS["W"])
     held = np.cumsum(delta, axis=0)
     held -= np.concatenate([np.zeros((1, width), dtype=int), held])[starts[device]]
@@ -236,7 +244,8 @@ def _holding_states(name: str, num_devices: int, chunks: int, m: int) -> tuple[H
             covers &= column[None, :] >= column[:, None]
         np.fill_diagonal(covers, False)
         kept = counts[~covers.any(axis=1)]
-        out.append(HoldingStates(tuple(stages), kept[:, 0::2], kept[:, 1::2]))
+        pending = kept[:, 1::2]
+        out.append(HoldingStates(tuple(stages), kept[:, 0::2] + pending, pending))
     return tuple(out)
 
 
@@ -247,17 +256,35 @@ def _held_bytes(costs: LayerCosts, start: int, end: int) -> float:
     return costs.saved(start, end) + out - inp
 
 
-def _pending_bytes(costs: LayerCosts, start: int, end: int) -> float:
+def _pending_bytes(costs: LayerCosts, start: int, end: int, local_next: bool = False) -> float:
     """What one micro-batch between its I and its W holds on the stage of layers [start, end)
     besides `_held_bytes`: torch's `stage_backward_input` keeps the gradient flowing into each
     op that reads a weight until `stage_backward_weight` (`LayerSpec`'s
     `weight_grad_input_bytes_per_sample`), less the stage's output gradient: the gradient
     flowing into its last block's down projection is that tensor (a view), a receive buffer
-    until the W (`recv_buffers`). None on a pipeline's first stage, where torch skips the I and
+    until the W (`recv_buffers`), except where the next stage runs on the same device
+    (`local_next`, a V's turn): torch hands that stage's input gradient over in place of the
+    buffer (`set_local_bwd_input`), a tensor no buffer counts, so it is charged here; and less,
+    on a pipeline's last stage, the head's logits and the loss's log-probabilities, which
+    torch's I frees (`LayerCosts.input_grad_freed`; measured: `hetpp train --memory-report`,
+    docs/benchmarks-runtime.md). None on a pipeline's first stage, where torch skips the I and
     its W runs the whole backward."""
     if start == 0:
         return 0.0
-    return costs.weight_grad_inputs(start, end) - _boundary_at(costs, start, end)[1]
+    received = 0.0 if local_next else _boundary_at(costs, start, end)[1]
+    freed = costs.input_grad_freed(start, end)
+    return costs.weight_grad_inputs(start, end) - received - freed
+
+
+def _next_stage_local(schedule: ScheduleSpec | None, place: tuple[int, int, int] | None) -> bool:
+    """Whether stage `place[0]` of `place[1]` sends to a stage on its own device (`place[2]`
+    devices under `schedule`'s placement)."""
+    if schedule is None or place is None or place[0] + 1 >= place[1]:
+        return False
+    stage, _, num_devices = place
+    return schedule.device_index(stage, num_devices) == schedule.device_index(
+        stage + 1, num_devices
+    )
 
 
 def stage_memory(
@@ -282,18 +309,43 @@ def stage_memory(
     backward is its activation receive buffer: `activations` leaves it out, `recv_buffers`
     counts it (one per live buffer, `recv_buffer_counts`)."""
     n = stage_params(model, start, end, costs.tp)
+    shared = _tied_on_first_device(model, start, end, schedule, place)
+    copied = n - _uncopied_params(model, train, start, end)
+    if train.precision == "fp32" or train.half_params:  # the weights are the parameters
+        copied -= shared
     inp, out = _boundary_at(costs, start, end)
     acts, grads = recv_buffer_counts(schedule, num_in_flight, num_micro_batches, *(place or ()))
+    replicated = replicated_params(model, start, end) - shared
     return StageMemory(
-        weights=(n - _uncopied_params(model, train, start, end)) * train.dtype_bytes,
-        grads=n * train.kept_grad_bytes_per_param,
-        optimizer=optimizer_bytes(n, replicated_params(model, start, end), train, shards),
+        weights=copied * train.dtype_bytes,
+        grads=(n - shared) * train.kept_grad_bytes_per_param,
+        optimizer=optimizer_bytes(n - shared, replicated, train, shards),
         activations=num_in_flight * _held_bytes(costs, start, end)
-        + num_pending * _pending_bytes(costs, start, end),
+        + num_pending * _pending_bytes(costs, start, end, _next_stage_local(schedule, place)),
         recv_buffers=acts * inp + grads * out,
         transient=_transient_bytes(costs, start, end, schedule) + 2 * inp,
         reserve=train.reserve_bytes,
     )
+
+
+def _tied_on_first_device(
+    model: ModelSpec,
+    start: int,
+    end: int,
+    schedule: ScheduleSpec | None,
+    place: tuple[int, int, int] | None,
+) -> int:
+    """The head's copy of a tied embedding matrix on a last stage [start, end) whose device
+    also runs the pipeline's first stage (a V's first device): the runtime ties the two to one
+    Parameter on the rank (`RankModel`), so its gradient and optimizer state are the first
+    stage's, and so is the weight itself where the weights term is the parameter (measured:
+    `hetpp train --memory-report`, docs/benchmarks-runtime.md); 0 otherwise."""
+    if schedule is None or place is None or start == 0 or end < len(model.layers):
+        return 0
+    stage, _, num_devices = place
+    if schedule.device_index(stage, num_devices) != schedule.device_index(0, num_devices):
+        return 0
+    return tied_copy_params(model)
 
 
 def _transient_bytes(

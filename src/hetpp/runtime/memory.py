@@ -10,11 +10,20 @@ On CPU there is no allocator to ask, so what is held is counted as it is held:
 - Half-precision weight copies: autocast casts each weight once per step and caches the copy
   until the step's autocast region exits; a dispatch mode sees each cast of a parameter and
   counts the copy while it lives (a copy that is also saved for backward counts once, here).
+- Between a split backward's input-grad (I) and weight-grad (W) actions: the forward's saved
+  tensors stay packed (torch's I runs with `retain_graph=True`), so the hooks keep counting them
+  until W frees the graph; what torch's `stage_backward_input` adds, the gradient flowing into
+  each op that reads a weight (`backward_state`'s parameter groups, `"grads"`), is no saved
+  tensor, so `track` counts each of those after the I until the W drops it (`_hold_pending`).
 - Receive buffers: `PipelineStage` allocates one activation buffer (non-first stage) and one
   gradient buffer (non-last stage) per micro-batch of the step; hetpp's stage gives each memory
   only while it is live (`hetpp.runtime.recv_buffers`) and counts the live bytes; their peak is
   the figure, apart from the activations (a buffer also saved by the first layer counts once, as
   a buffer).
+A rank running several stages (interleaved and V schedules) is one measurement: one meter sees
+every stage's saved tensors (their peak together), the states count each storage once (a tied
+embedding and head on one rank are one tensor), and the buffers are each stage's peak summed, as
+the cost model charges a device (`cost.memory.device_memory`).
 On CUDA, `torch.cuda.max_memory_allocated` is the figure (everything the caching allocator handed
 out, workspaces and transients included); the buffers are still read from the stage.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,9 +49,9 @@ class SavedTensorMeter:
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
         """Storage pointers not to count (the parameters')."""
-        self.buffers: LiveBuffers | None = None
-        """The stage's receive buffers, counted as buffers: their live storages are not counted
-        here (set from the second step on, `MemoryProbe.reset`)."""
+        self.buffers: Sequence[LiveBuffers] = ()
+        """The rank's stages' receive buffers, counted as buffers: their live storages are not
+        counted here (`MemoryProbe.watch`)."""
         self.live: dict[int, list[int]] = {}
         """Storage pointer -> [handles alive, bytes]."""
         self.now = 0
@@ -73,7 +83,7 @@ class SavedTensorMeter:
 
     def excluded(self, key: int) -> bool:
         """Whether the storage at `key` is a parameter's or a live receive buffer's."""
-        return key in self.exclude or (self.buffers is not None and key in self.buffers.storages())
+        return key in self.exclude or any(key in b.storages() for b in self.buffers)
 
     def _freed(self, key: int, nbytes: int, copy: bool) -> None:
         if copy:
@@ -161,29 +171,55 @@ def parameter_storages(module: torch.nn.Module) -> set[int]:
     return {_storage(p).data_ptr() for p in module.parameters()}
 
 
+def pending_weight_grad_inputs(pstage: TimedStage, mb_index: int) -> list[torch.Tensor]:
+    """What torch's stage keeps for micro-batch `mb_index`'s W after its I besides the graph:
+    the gradients `stage_backward_input` caught flowing into each op that reads a weight (its
+    parameter groups' `"grads"`; none on a first stage, whose I torch skips)."""
+    _, groups, _, _ = pstage.backward_state[mb_index]
+    grads = (g for group in groups or () for caught in group.get("grads") or () for g in caught)
+    return [g for g in grads if g is not None]
+
+
 class MemoryProbe:
     """One rank's `--memory-report` measurement over a run."""
 
-    def __init__(self, stage: torch.nn.Module, device: torch.device):
+    def __init__(self, stages: Sequence[torch.nn.Module], device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.meter = None if self.cuda else SavedTensorMeter(parameter_storages(stage))
+        params = set().union(*(parameter_storages(st) for st in stages))
+        self.meter = None if self.cuda else SavedTensorMeter(params)
         """Counts what is held for backward on CPU (None on CUDA: the allocator's peak is read)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        else:
+            return
+        for stage in stages:
             stage.register_forward_hook(self._hold_output)
 
     def _hold_output(self, module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
-        # PipelineStage keeps the output (fwd_cache) until this micro-batch's backward.
+        # PipelineStage keeps the output (fwd_cache, then backward_state) until this
+        # micro-batch's backward on the stage is done.
         self.meter.track(out)
 
-    def reset(self, pstage: TimedStage) -> None:
-        """Forget the peak so far (the first step's one-off set-up; from now on the receive
-        buffers count as buffers, not as saved activations)."""
-        pstage.recv_buffers.reset_peak()
+    def watch(self, pstages: Sequence[TimedStage]) -> None:
+        """On CPU, count the stages' receive buffers as buffers from the first step on (a
+        buffer a checkpoint saved in step 1 and the multi-stage runtime keeps alive into step 2
+        would otherwise count its bytes after `LiveBuffers.release` has freed them), and what
+        each stage's split backward keeps from an I to its W."""
+        if self.meter is None:
+            return
+        self.meter.buffers = [pstage.recv_buffers for pstage in pstages]
+        for pstage in pstages:
+            pstage.after_input_grad = lambda mb, st=pstage: self._hold_pending(st, mb)
+
+    def _hold_pending(self, pstage: TimedStage, mb_index: int) -> None:
+        for grad in pending_weight_grad_inputs(pstage, mb_index):
+            self.meter.track(grad)
+
+    def reset(self, pstages: Sequence[TimedStage]) -> None:
+        """Forget the peak so far (the first step's one-off set-up)."""
+        for pstage in pstages:
+            pstage.recv_buffers.reset_peak()
         if self.meter is not None:
-            self.meter.buffers = pstage.recv_buffers
             self.meter.peak = self.meter.now
             self.meter.copies_peak = self.meter.copies_now
         else:
@@ -193,11 +229,12 @@ class MemoryProbe:
         """Around each step's schedule (forward and backward of every micro-batch)."""
         return self.meter.region() if self.meter is not None else contextlib.nullcontext()
 
-    def record(self, rank: int, device_id: int, pstage: TimedStage,
-               opt: torch.optim.Optimizer) -> dict[str, Any]:  # fmt: skip
-        """The rank's `{"kind": "memory", ...}` record (measured fields)."""
-        states = state_bytes(pstage.submod, opt)
-        buffers = pstage.recv_buffers.peak_bytes
+    def record(self, rank: int, device_id: int, pstages: Sequence[TimedStage],
+               module: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:  # fmt: skip
+        """The rank's `{"kind": "memory", ...}` record (measured fields) over its stages
+        `pstages`, whose modules `module` holds."""
+        states = state_bytes(module, opt)
+        buffers = sum(pstage.recv_buffers.peak_bytes for pstage in pstages)
         copies = 0
         if self.cuda:
             total = torch.cuda.max_memory_allocated(self.device)

@@ -41,16 +41,6 @@ def check_run(opts: TrainOptions, plan: Plan, *, local: bool = True) -> list[str
         raise e.in_file(opts.plan) from None
     if opts.emulate and plan.cluster is None:
         raise SpecError("--emulate needs the plan's cluster (the `cluster` key)", file=opts.plan)
-    multi = [p for p, pipe in enumerate(plan.pipelines) if pipe.schedule_in(plan.train).multi_stage]
-    if opts.memory_report and multi:
-        # report.memory sets one stage's prediction beside each rank's measurement, which does
-        # not see what torch keeps between a split backward's I and W (its `backward_state`).
-        raise SpecError(
-            f"compares one stage per device under 1F1B or GPipe with the cost model; pipelines "
-            f"{multi} run several stages on a device or split backwards",
-            file=opts.plan,
-            field="--memory-report",
-        )
     if opts.metrics is not None:
         check_output_file(opts.metrics, "--metrics")
     if opts.data is not None:

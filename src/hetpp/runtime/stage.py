@@ -60,6 +60,9 @@ class TimedStage(PipelineStage):
         """CUDA: (start, end) events of each timed call since the last reset."""
         self.recv_buffers = LiveBuffers()
         """torch's receive buffers of this stage, holding memory only while live."""
+        self.after_input_grad: Callable[[int], None] | None = None
+        """Called with the micro-batch after a split backward's input-grad action (I) has
+        returned (`--memory-report` counts what torch keeps from it for the W)."""
 
     def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.device.type == "cuda" and self.slowdown == 1.0:
@@ -121,6 +124,8 @@ class TimedStage(PipelineStage):
         )
         if self.has_backward and full_backward:  # else the weight-grad action still reads them
             self._release(bwd_chunk_id)
+        elif self.has_backward and self.after_input_grad is not None:
+            self.after_input_grad(bwd_chunk_id)
         return out
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:

@@ -211,6 +211,8 @@ class RankTrainer:
             )
             for k, (module, index) in enumerate(zip(self.model.stages, role.stages))
         ]
+        if self.probe is not None:
+            self.probe.watch(self.pstages)
         tokens = plan.global_batch * plan.seq_len
         cls, stages = _schedule_class(self.pipe.schedule_in(plan.train).torch_class, self.pstages)
         self.schedule = cls(
@@ -265,9 +267,9 @@ class RankTrainer:
             self.precision.prepare(stage, self.device)
             if self.tp:
                 parallelize_stage(stage, DeviceMesh.from_group(groups.tp, self.device.type))
-        # --memory-report runs on one stage per rank (the preflight refuses multi-chunk plans),
-        # and counts the parameters as the rank holds them (TP: its shards)
-        self.probe = MemoryProbe(stages[0], self.device) if opts.memory_report else None
+        # --memory-report measures the rank's stages together, and counts the parameters as
+        # the rank holds them (TP: its shards)
+        self.probe = MemoryProbe(stages, self.device) if opts.memory_report else None
         for stage, index in zip(stages, role.stages):
             if self.pipe.stages[index].recomputes(plan.train):
                 recompute_blocks(stage, self.probe.meter if self.probe else None)
@@ -335,7 +337,7 @@ class RankTrainer:
             target = targets.to(self.device) if self.last else None
             losses = [] if self.last else None
         if self.probe is not None and step == self.start + 2:
-            self.probe.reset(self.pstages[0])  # steady state: step 1 also runs the shape inference
+            self.probe.reset(self.pstages)  # steady state: step 1 also runs the shape inference
         self.note(f"step {step}: {self.where}")
         with self.precision.step_region(self.device), self.probe_region():
             self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
@@ -378,7 +380,7 @@ class RankTrainer:
     def report_memory(self, log: MetricsLog | None) -> None:
         """Every rank's measured memory, gathered to rank 0 and written to --metrics (the CLI
         sets the cost model's prediction beside it)."""
-        mine = self.probe.record(self.rank, self.role.device, self.pstages[0], self.opt)
+        mine = self.probe.record(self.rank, self.role.device, self.pstages, self.model, self.opt)
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         for record in gathered or ():

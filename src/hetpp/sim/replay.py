@@ -259,12 +259,14 @@ def _activation_peaks(
     transient = np.zeros(len(firsts))
     for st in stages:
         r = rank[st.device]
-        mbs = plan.pipelines[st.pipeline].micro_batch_size
-        costs = stage_layer_costs(cm, plan.pipelines[st.pipeline].stages[st.stage], mbs)
+        pipe = plan.pipelines[st.pipeline]
+        costs = stage_layer_costs(cm, pipe.stages[st.stage], pipe.micro_batch_size)
         one = stage_memory(cm.model, cm.train, costs, *st.layers, 1, 0)
         saved[r, st.stage] = one.activations
+        schedule = pipe.schedule_in(plan.train)  # a V's turn keeps more
+        place = (st.stage, len(pipe.stages), len(pipe.devices))
         pending[r, st.stage] = stage_memory(
-            cm.model, cm.train, costs, *st.layers, 0, 0, num_pending=1
+            cm.model, cm.train, costs, *st.layers, 0, 0, 1, schedule, place, num_pending=1
         ).activations
         transient[r] = max(transient[r], one.transient)
     return trace.activation_peak(saved, transient, pending)

@@ -278,6 +278,17 @@ class LayerSpec(BaseModel):
     weight_grad_input_whole_under_tp_per_sample: int = 0
     """Of `weight_grad_input_bytes_per_sample`, what every tensor-parallel rank keeps whole: the
     outputs of the row-parallel projections (attention out, MLP down) and of the norms."""
+    weight_grad_input_rms_norm_bytes_per_sample: int = 0
+    """Of `weight_grad_input_bytes_per_sample`, the RMSNorm outputs' gradients (at the model's
+    dtype): under autocast with float32 parameters (`TrainSpec.half_params` off) the float32
+    weight times the half-precision normalised input promotes the output, and so its
+    gradient, to float32, which `cost.compute` charges (measured: `hetpp train
+    --memory-report`). LayerNorm (GPT) stays in the half type."""
+    input_grad_frees_bytes_per_sample: int = 0
+    """Of `saved_bytes_per_sample`, what a pipeline's last stage no longer keeps once a split
+    backward's I has run: torch detaches the loss after it and drops its cache of the stage's
+    output, so the head's logits and the loss's float32 log-probabilities go, while the
+    final norm's tensors stay for the W (measured: `hetpp train --memory-report`)."""
 
 
 class ModelSpec(BaseModel):
@@ -368,6 +379,7 @@ def _block_halves(c: ModelConfig, s: int, d: int) -> tuple[dict, dict]:
     attn_params = qkv + q * h + (h if c.dense_bias else 0) + norms
     mlp_params = (gates + 1) * h * f + ((gates * f + h) if c.has_mlp_bias else 0) + norms
     upcast = _rms_upcast_bytes(c, s)
+    rms_norms = 0 if c.family == "gpt" else half_norms
 
     def half(params, whole, flops, saved, weighted) -> dict:
         return dict(
@@ -382,6 +394,7 @@ def _block_halves(c: ModelConfig, s: int, d: int) -> tuple[dict, dict]:
             saved_bytes_whole_under_tp_per_sample=s * 2 * h * d + upcast,
             weight_grad_input_bytes_per_sample=s * (weighted + row_and_norms) * d,
             weight_grad_input_whole_under_tp_per_sample=s * row_and_norms * d,
+            weight_grad_input_rms_norm_bytes_per_sample=rms_norms * s * h * d,
         )
 
     # QK^T and AV over the full (unmasked) sequence, per token: 4 s q
@@ -434,4 +447,6 @@ def _head(c: ModelConfig, s: int, d: int) -> dict:
         saved_bytes_per_sample=saved,
         saved_bytes_recompute_per_sample=saved,
         weight_grad_input_bytes_per_sample=s * (pv + h) * d,  # the padded logits, the norm's out
+        weight_grad_input_rms_norm_bytes_per_sample=0 if c.family == "gpt" else s * h * d,
+        input_grad_frees_bytes_per_sample=s * pv * d + s * v * 4,
     )
