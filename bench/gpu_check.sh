@@ -18,8 +18,8 @@
 # (a lent GPU is minutes long: one run should say everything), and the check exits 1 at the end:
 #   1. the CUDA tests (tests/gpu);
 #   2. a one-rank bf16 training of gpt3-1.3b (~1.3B parameters), 20 steps, with --memory-report,
-#      beside a plain PyTorch loop of the same model and precision (tokens/s, MFU, hetpp / plain),
-#      and the planner's own schedule for that job (ZB-H1) trained too;
+#      in the planner's own schedule for it (ZB-H1), beside a plain PyTorch loop of the same model
+#      and precision (tokens/s, MFU, hetpp / plain);
 #   3. `hetpp profile --device cuda` of gpt3-1.3b's layers (bf16) beside the shipped H200 rows
 #      and beside the estimator's prediction (the padded LM head is new evidence), and
 #      llama2-7b's layers (a vocabulary already aligned to 128) beside the estimator;
@@ -126,12 +126,8 @@ plan_job() {
 export -f plan_job
 export MODEL BATCH SEQ MBS
 # --strategy hpp: the pipelining runtime is what this checks (on one device `best` picks FSDP,
-# whose optimizer step the cost model prices 1% cheaper; step 5 trains that one). 1F1B
-# (`--try-schedules` with no names): --memory-report compares 1F1B and GPipe stages only; on
-# one device the planner's own pick, ZB-H1 (a split backward), costs the same and step 2d
-# trains it.
-step "2a. hetpp plan (one H200, $MODEL, bf16, hpp, 1F1B)" 60 plan_job "$OUT/plan.json" \
-    --strategy hpp --try-schedules
+# whose optimizer step the cost model prices 1% cheaper; step 5 trains that one).
+step "2a. hetpp plan (one H200, $MODEL, bf16, hpp)" 60 plan_job "$OUT/plan.json" --strategy hpp
 step "2b. hetpp train, $STEPS steps" 150 "$PY" -m hetpp.cli.main train --plan "$OUT/plan.json" \
     --steps "$STEPS" --metrics "$OUT/run.jsonl" --memory-report --lr 1e-4
 plain() {
@@ -141,9 +137,6 @@ plain() {
 }
 export -f plain
 step "2c. plain PyTorch loop, same model and precision" 80 plain
-step "2d. hetpp plan, the planner's own schedule" 60 plan_job "$WORK/plan_own.json" --strategy hpp
-step "2e. hetpp train of that plan, $STEPS steps" 90 "$PY" -m hetpp.cli.main train \
-    --plan "$WORK/plan_own.json" --steps "$STEPS" --metrics "$WORK/run_own.jsonl" --lr 1e-4
 
 # --- 3. bf16 profile beside the shipped H200 rows and the estimator ----------------------------
 step "3a. hetpp profile --device $DEVICE (bf16)" 80 "$PY" -m hetpp.cli.main profile \
@@ -186,8 +179,7 @@ step "5b. hetpp train (FSDP), $STEPS steps" 90 "$PY" -m hetpp.cli.main train \
     cat "$OUT/steps.md"
     echo '```'
     cat "$WORK/plain.log" 2>/dev/null || true
-    "$PY" - "$OUT/plan.json" "$OUT/run.jsonl" "$WORK/run_own.jsonl" "$WORK/run_fsdp.jsonl" \
-        <<'PYCODE' || true
+    "$PY" - "$OUT/plan.json" "$OUT/run.jsonl" "$WORK/run_fsdp.jsonl" <<'PYCODE' || true
 import sys
 from pathlib import Path
 from hetpp.runtime.metrics import load_metrics, load_records, summarize
@@ -196,12 +188,11 @@ plan = load_plan(sys.argv[1])
 measured = summarize(load_metrics(sys.argv[2]))["step_time_s"]
 print(f"step: predicted {plan.estimate.iteration_time_s:.4f} s, measured {measured:.4f} s "
       f"({measured / plan.estimate.iteration_time_s - 1:+.1%})")
-for label, path in (("planner's own schedule", sys.argv[3]), ("FSDP", sys.argv[4])):
-    if Path(path).exists():
-        own = load_plan(path.replace("run_", "plan_").replace(".jsonl", ".json"))
-        step_s = summarize(load_metrics(path))["step_time_s"]
-        print(f"{label} plan ({own.pipelines[0].schedule or plan.train.schedule}): predicted "
-              f"{own.estimate.iteration_time_s:.4f} s, measured {step_s:.4f} s")
+fsdp = Path(sys.argv[3])
+if fsdp.exists():
+    step_s = summarize(load_metrics(fsdp))["step_time_s"]
+    predicted = load_plan(fsdp.with_name("plan_fsdp.json")).estimate.iteration_time_s
+    print(f"FSDP plan: predicted {predicted:.4f} s, measured {step_s:.4f} s")
 for r in load_records(sys.argv[2], "memory"):
     print(f"memory rank {r['rank']}: predicted {r['predicted_bytes'] / 1e6:.1f} MB, measured "
           f"{r['measured_bytes'] / 1e6:.1f} MB ({r['error']:+.1%}, {r['method']})")
