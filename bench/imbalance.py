@@ -28,6 +28,10 @@ Each pipeline also gets *halves*: the granularity term were attention and MLP se
 points (`half_block_counts`; an estimate for a runtime that does not exist, costed by the
 sublayers' forward FLOPs).
 
+On a plan at half blocks (`ModelConfig.layer_unit` half) *granularity* and *head/embedding*
+still count whole blocks, so *split* goes negative by what the half cuts gain over them;
+*halves* is the bound such a plan is measured against.
+
 Shares are of the whole step, as in the breakdown. `--plans DIR` keeps each hpp plan as JSON and
 reads it back on the next run (the search is the slow part).
 """
@@ -50,7 +54,7 @@ from hetpp.planner import Problem, physical_limit_samples_per_s, plan
 from hetpp.planner.partition import balance_stages, in_flight_per_stage, stage_tables
 from hetpp.planner.schedules import busiest_work_s
 from hetpp.specs import TrainSpec, load_cluster, load_model
-from hetpp.specs.model import ModelConfig
+from hetpp.specs.model import BLOCK_KINDS, ModelConfig
 from hetpp.specs.plan import Plan
 
 
@@ -111,6 +115,15 @@ def half_block_counts(block_s: list[float], blocks: int, attn: float) -> float:
     return loads[lo]
 
 
+def block_s(costs, kinds: list[str]) -> float:
+    """One block's forward + backward seconds under `costs` (a `LayerCosts`): the first block's
+    entry, or its attention and MLP entries where the layer list is at half blocks (the
+    granularity terms count whole blocks on either unit)."""
+    first = next(i for i, k in enumerate(kinds) if k in BLOCK_KINDS)
+    span = 1 if kinds[first] == "block" else 2
+    return float(sum(costs.fwd_s[first : first + span]) + sum(costs.bwd_s[first : first + span]))
+
+
 def pipeline_parts(cm, plan: Plan, p: int, step) -> dict:
     """Stage imbalance of pipeline `p`: sigma and its split (module docstring)."""
     pipe = plan.pipelines[p]
@@ -126,14 +139,13 @@ def pipeline_parts(cm, plan: Plan, p: int, step) -> dict:
         c = cm.layer_costs(cm.cluster.gpu(d), mbs, flag[d], st.tp)
         a, b = st.layers
         extra[d] = extra.get(d, 0.0) + sum(
-            c.fwd_s[i] + c.bwd_s[i] for i in range(a, b) if kinds[i] != "block"
+            c.fwd_s[i] + c.bwd_s[i] for i in range(a, b) if kinds[i] not in BLOCK_KINDS
         )
     devs = list(work)
     costs = {d: cm.layer_costs(cm.cluster.gpu(d), mbs, flag[d]) for d in devs}
     whole = {d: costs[d].fwd_cum[-1] + costs[d].bwd_cum[-1] for d in devs}
-    block = kinds.index("block")
-    beta = [costs[d].fwd_s[block] + costs[d].bwd_s[block] for d in devs]
-    blocks = kinds.count("block")
+    beta = [block_s(costs[d], kinds) for d in devs]
+    blocks = cm.model.config.num_layers
     balanced = 1 / sum(1 / whole[d] for d in devs)
     sigma = max(work.values()) / balanced
     gran = best_counts(beta, [0.0] * len(devs), blocks) / (blocks / sum(1 / b for b in beta))

@@ -42,3 +42,23 @@ def test_attention_share_counts_the_projections_and_scores(bench):
     h, s = spec.config.hidden_size, 2048
     want = (8.0 * h * h + 4 * s * h) / (8.0 * h * h + 4 * s * h + 16.0 * h * h)
     assert bench.attention_share(spec.config, s) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("model", ["gpt3-13b", "llama2-7b"])
+def test_a_block_costs_the_same_on_either_layer_unit(bench, model):
+    # a half-unit plan's granularity terms count whole blocks: its attention and MLP entries
+    # together (the first entry alone is the attention half only)
+    from hetpp.cost.compute import CostModel
+    from hetpp.specs import TrainSpec, load_cluster, load_model
+
+    spec = load_model(model, 2048)
+    cluster = load_cluster(Path(__file__).parents[2] / "examples" / "a100-v100.yaml")
+    train = TrainSpec(global_batch=8, seq_len=2048)
+    got, first = [], []
+    for s in (spec, spec.with_unit("half")):
+        costs = CostModel(s, train, cluster).layer_costs(cluster.gpu(0), 1)
+        got.append(bench.block_s(costs, [layer.kind for layer in s.layers]))
+        first.append(float(costs.fwd_s[1] + costs.bwd_s[1]))
+    assert got[0] == first[0]  # whole blocks: the first block's entry
+    assert got[1] == pytest.approx(got[0], rel=1e-12)
+    assert first[1] < 0.5 * got[1]  # the attention half alone is well under a block
