@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_modules import load_bench
 from planner_cases import cluster, problem
 
 from hetpp.planner import physical_limit_samples_per_s, plan
 from hetpp.planner.assemble import PlanResult, evaluate
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "planner.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_planner", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("planner")
 
 
 def test_the_shares_add_up_to_the_step_and_start_with_the_fraction_of_the_limit(bench):

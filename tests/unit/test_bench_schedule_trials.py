@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "schedule_trials.py"
+from bench_modules import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("bench_schedule_trials", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("schedule_trials")
 
 
 def test_a_half_block_plan_is_replayed_with_each_overfilled_trials_memory(bench, capsys):

@@ -6,25 +6,20 @@ the runtime's live buffers peak at those counts: tests/dist/test_dist_recv_buffe
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from bench_modules import load_bench
 
 from hetpp.cost.memory import TABLE_CHUNKS, _lowered_counts, recv_buffer_counts
 from hetpp.specs.schedule import SCHEDULES
 
 pytest.importorskip("torch.distributed.pipelining")
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "recv_multi.py"
 MULTI = [name for name, spec in SCHEDULES.items() if spec.multi_stage]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_recv_multi", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("recv_multi")
 
 
 @pytest.mark.parametrize("name", MULTI)
