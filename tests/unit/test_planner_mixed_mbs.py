@@ -15,7 +15,7 @@ from hetpp.planner.assemble import evaluate
 from hetpp.planner.balance import PipelineGroup
 from hetpp.planner.mixed_mbs import hand_out, shares
 from hetpp.planner.schedules import _runs
-from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec
+from hetpp.specs import Cluster, GpuType, NodeGroup, TrainSpec, load_model
 from hetpp.specs.errors import SpecError
 from hetpp.specs.plan import Plan
 from hetpp.specs.schedule import SCHEDULES
@@ -133,3 +133,23 @@ def test_a_plan_short_of_its_batch_never_leaves_the_planner(monkeypatch):
     monkeypatch.setattr(planner_api, "search_with_sharding", short)
     with pytest.raises(SpecError, match="expected global_batch = 32"):
         plan(_problem(SIZES), "hpp")
+
+
+def test_another_size_may_take_another_schedule_of_the_same_placement():
+    """16 H100 + 16 A100-40GB, llama3-8b (bench/search_quality.py): the schedule pass leaves
+    three zbv pipelines at micro-batch 1 (3.0284 s). At micro-batch 2 the two 10-device ones
+    overfill the A100 at their V's turn under zbv, and fit under dualpipev on the same cuts
+    (2.9596 s); the pass that kept each pipeline's schedule did not find that."""
+    nodes = [
+        NodeGroup(gpu=g, gpus_per_node=8, count=2, intra_node_GBps=100.0)
+        for g in ("H100-80GB", "A100-40GB")
+    ]
+    problem = Problem(
+        load_model("llama3-8b", 2048),
+        Cluster(nodes=nodes, inter_node_GBps=25.0),
+        TrainSpec(global_batch=256, seq_len=2048),
+    )
+    got = plan(problem)
+    assert got.iteration_time_s < 3.0
+    assert evaluate(problem, got.plan).fits
+    assert {(p.schedule, p.micro_batch_size) for p in got.plan.pipelines} >= {("dualpipev", 2)}

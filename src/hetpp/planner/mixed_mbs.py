@@ -10,7 +10,8 @@ simulator and the runtime take each pipeline's own), and this pass uses it:
    micro-batch size, the same recomputation) placed on them, where those lie wholly on unused
    devices;
 2. each pipeline shape (identical pipelines together, slowest first) tries the other sizes of
-   `Problem.micro_batch_sizes`, its layer split kept.
+   `Problem.micro_batch_sizes`, its layer split kept (a multi-chunk one under each schedule of
+   its placement: zbv at micro-batch 2 can overfill a V's turn where dualpipev fits).
 
 Every trial shares the global batch out again in samples (`shares`) and is kept only where the
 full step cost (`step_cost`, memory included) improves, so the pass never returns a slower
@@ -31,6 +32,7 @@ from hetpp.planner.problem import Problem
 from hetpp.planner.schedules import _groups, _run_shape, _runs, _with_counts
 from hetpp.planner.shapes import Workspace
 from hetpp.specs.plan import PipelinePlan, Plan, StagePlan
+from hetpp.specs.schedule import SCHEDULES
 
 
 def mix_micro_batch_sizes(
@@ -54,7 +56,8 @@ def mix_micro_batch_sizes(
 
 def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan, StepCost] | None:
     """`plan` (its batch shared out, `shares`), then each of its pipeline shapes (identical
-    pipelines together, the largest micro-batches first) at each other micro-batch size,
+    pipelines together, the largest micro-batches first) at each other micro-batch size (a
+    multi-chunk shape also under the other schedules of its placement, `_placed_alike`),
     kept where the step gets faster: the fastest found, if faster than `bound_s`."""
     best = None
 
@@ -70,14 +73,40 @@ def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan
         groups.setdefault(_shape(problem, pipe), []).append(i)
     for members in sorted(groups.values(), key=lambda g: -plan.pipelines[g[0]].micro_batch_size):
         start = plan if best is None else best[0]
-        for size in problem.micro_batch_sizes:
-            if size == start.pipelines[members[0]].micro_batch_size:
+        first = start.pipelines[members[0]]
+        sizes = [s for s in problem.micro_batch_sizes if s != first.micro_batch_size]
+        for size, schedule in itertools.product(sizes, _placed_alike(problem, start, first)):
+            # each member at the least count from its own up that the schedule runs: `shares`
+            # prices the pipelines at their counts before it deals new ones
+            shape = (schedule or plan.train.schedule, len(first.stages), len(first.devices))
+            counts = [_next_count(shape, start.pipelines[i].num_micro_batches - 1) for i in members]
+            if None in counts:
                 continue
             pipes = list(start.pipelines)
-            for i in members:
-                pipes[i] = pipes[i].model_copy(update={"micro_batch_size": size})
+            for i, m in zip(members, counts):
+                update = {"micro_batch_size": size, "schedule": schedule, "num_micro_batches": m}
+                pipes[i] = pipes[i].model_copy(update=update)
             offer(shares(problem, _with_pipelines(start, pipes)))
     return best
+
+
+def _placed_alike(problem: Problem, plan: Plan, pipe: PipelinePlan) -> tuple[str | None, ...]:
+    """`pipe`'s schedule, then (multi-chunk) the others the problem allows on its recomputation
+    that place its stages on its devices as it does, so its cuts stay valid: another size can
+    overfill under one and fit under the other (16 H100 + 16 A100-40GB, llama3-8b: zbv at
+    micro-batch 2 overfills the A100 at a V's turn, dualpipev fits and is 2.3% faster)."""
+    if pipe.chunks == 1:
+        return (pipe.schedule,)
+    own = pipe.schedule_in(plan.train)
+    recompute = any(st.recomputes(plan.train) for st in pipe.stages)
+    others = (
+        n
+        for n in problem.schedules_to_try(recompute)
+        if n != own.name
+        and SCHEDULES[n].placement == own.placement
+        and SCHEDULES[n].allows_chunks(pipe.chunks)
+    )
+    return (pipe.schedule, *others)
 
 
 def _on_unused(problem: Problem, ws: Workspace, plan: Plan) -> Iterator[list[PipelinePlan]]:
