@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetpp.cost.step import StepCost
+from hetpp.cost.step import StepCost, device_memories
 
 GB = 1e9
 
@@ -77,8 +77,10 @@ def summary_lines(step: StepCost, batches: list[tuple[int, int]]) -> list[str]:
         f"optimizer {step.optimizer_s:.4f} s)  ->  {step.throughput_samples_per_s:.2f} samples/s"
     )
     if not step.fits:
-        over = [s.device for s in step.stages if not s.fits]
-        out.append(f"[red]memory exceeded on device(s) {over}[/red]")
+        # by device, over every stage it runs: a device of two stages that each fit alone can
+        # overfill (a V's turn), and a list of stages alone would then name none
+        over = [d for d, (mem, cap) in device_memories(step.stages).items() if mem.total > cap]
+        out.append(f"[red]memory exceeded on device(s) {sorted(over)}[/red]")
     return out
 
 
