@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from planner_cases import cluster, problem, small_model
@@ -11,7 +12,14 @@ from test_planner_strategies import check_plan
 from hetpp.cost.step import step_cost
 from hetpp.planner import STRATEGIES, halves, idle, plan
 from hetpp.planner.assemble import evaluate
-from hetpp.planner.schedules import _kept_counts_bounds, _settle, choose_schedules, pass_bound_s
+from hetpp.planner.schedules import (
+    TIE_REL,
+    _beats,
+    _kept_counts_bounds,
+    _settle,
+    choose_schedules,
+    pass_bound_s,
+)
 from hetpp.sim import compare_with_cost
 from hetpp.specs import SpecError, load_cluster
 from hetpp.specs.plan import PipelinePlan, StagePlan
@@ -222,3 +230,23 @@ def test_settling_a_plan_of_mixed_micro_batch_sizes_keeps_its_samples():
     got = _settle(p, mixed, [3, 2])
     assert [q.num_micro_batches for q in got.pipelines] == [3, 2]
     assert _settle(p, mixed, [2, 2]) is None
+
+
+def test_a_gain_at_float_rounding_is_a_tie_that_keeps_the_schedule():
+    # On one device ZB-H1 is 1F1B with a split backward: the cost model prices both the same,
+    # to the last ulp or two; the pass must keep the schedule it started from.
+    def cost(t, fits=True):
+        return SimpleNamespace(iteration_time_s=t, fits=fits)
+
+    best = cost(0.5863651546228117)
+    assert not _beats(cost(0.5863651546228116), best)
+    assert not _beats(cost(best.iteration_time_s * (1 - TIE_REL / 2)), best)
+    assert _beats(cost(best.iteration_time_s * (1 - 2 * TIE_REL)), best)
+    assert not _beats(cost(0.1, fits=False), best) and not _beats(None, best)
+
+
+def test_one_device_keeps_1f1b():
+    # the case bench/gpu_check.sh plans: one H200, where ZB-H1 was picked at 1 ulp faster
+    one = problem(cluster(("H200", 1, 1)), "gpt3-1.3b", 16, seq=2048, micro_batch_sizes=(4,))
+    r = plan(one, "hpp")
+    assert r.feasible and r.plan.pipelines[0].schedule is None

@@ -76,7 +76,7 @@ def choose_schedules(
             if trial is None:
                 continue
             trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
-            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+            if _beats(cost, best):
                 plan, best = trial, cost
         if best is not first:  # the next shape starts from what won
             start = plan
@@ -90,15 +90,26 @@ def choose_schedules(
                 if trial is None:
                     continue
                 trial, cost = _costed(problem, trial, best.iteration_time_s, rc)
-                if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+                if _beats(cost, best):
                     plan, best = trial, cost
     if rebalance:
         trial = _rebalanced(problem, plan)
         if trial is not None:
             cost = evaluate_below(problem, trial, best.iteration_time_s)
-            if cost and cost.fits and cost.iteration_time_s < best.iteration_time_s:
+            if _beats(cost, best):
                 plan, best = trial, cost
     return _with_train(plan, first_train), best
+
+
+TIE_REL = 1e-9
+"""A trial replaces the pass's best only where it is faster by more than this share: a gain at
+float rounding (a one-stage ZB-H1 pipeline at 1 ulp under its 1F1B, the same schedule with a
+split backward) is a tie, and a tie keeps the plan the pass started from."""
+
+
+def _beats(cost: StepCost | None, best: StepCost) -> bool:
+    bound_s = best.iteration_time_s * (1 - TIE_REL)
+    return cost is not None and cost.fits and cost.iteration_time_s < bound_s
 
 
 def pass_start(plan: Plan) -> Plan:
