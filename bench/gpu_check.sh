@@ -18,8 +18,8 @@
 # (a lent GPU is minutes long: one run should say everything), and the check exits 1 at the end:
 #   1. the CUDA tests (tests/gpu);
 #   2. a one-rank bf16 training of gpt3-1.3b (~1.3B parameters), 20 steps, with --memory-report,
-#      in the planner's own plan for it (1F1B on one device), beside a plain PyTorch loop of the same model
-#      and precision (tokens/s, MFU, hetpp / plain);
+#      in the planner's own plan for it (1F1B on one device), beside a plain PyTorch loop of the
+#      same model and precision (tokens/s, MFU, hetpp / plain);
 #   3. `hetpp profile --device cuda` of gpt3-1.3b's layers (bf16) beside the shipped H200 rows
 #      and beside the estimator's prediction (the padded LM head is new evidence), and
 #      llama2-7b's layers (a vocabulary already aligned to 128) beside the estimator;
