@@ -48,7 +48,7 @@ def in_halves(plan: Plan) -> Plan:
         return pipe.model_copy(update={"stages": stages})
 
     pipes = tuple(moved(p) for p in plan.pipelines)
-    return plan.model_copy(update={"model": model, "pipelines": pipes, "grad_blocks": None})
+    return plan.with_pipelines(pipes, model=model)
 
 
 def can_halve(plan: Plan) -> bool:

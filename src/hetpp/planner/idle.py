@@ -100,7 +100,7 @@ def _with_trial(problem: Problem, plan: Plan, trial: IdleTrial, pipe_s: float) -
     if max(trial.time_s, *rest_s) >= pipe_s:
         return None
     pipes = (*shared.pipelines, *trial.pipelines)
-    return plan.model_copy(update={"pipelines": pipes, "grad_blocks": None})
+    return plan.with_pipelines(pipes)
 
 
 def _idle_trials(problem: Problem, plan: Plan, step: StepCost) -> list[IdleTrial]:
@@ -271,4 +271,4 @@ def _joined(
     cuts = layout.cuts(counts, "time")
     for i in members:
         pipes[i] = _recut(pipes[i], cuts)
-    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+    return plan.with_pipelines(pipes)

@@ -45,7 +45,7 @@ def mix_micro_batch_sizes(
         return plan, step
     best = (plan, step)
     starts = [plan] + [
-        _with_pipelines(plan, [*plan.pipelines, *extra]) for extra in _on_unused(problem, ws, plan)
+        plan.with_pipelines([*plan.pipelines, *extra]) for extra in _on_unused(problem, ws, plan)
     ]
     for start in starts:
         got = _sizes_per_shape(problem, start, best[1].iteration_time_s)
@@ -86,7 +86,7 @@ def _sizes_per_shape(problem: Problem, plan: Plan, bound_s: float) -> tuple[Plan
             for i, m in zip(members, counts):
                 update = {"micro_batch_size": size, "schedule": schedule, "num_micro_batches": m}
                 pipes[i] = pipes[i].model_copy(update=update)
-            offer(shares(problem, _with_pipelines(start, pipes)))
+            offer(shares(problem, start.with_pipelines(pipes)))
     return best
 
 
@@ -234,7 +234,3 @@ def _shape(problem: Problem, pipe: PipelinePlan) -> tuple:
         pipe.schedule,
         pipe.micro_batch_size,
     )
-
-
-def _with_pipelines(plan: Plan, pipes: Sequence[PipelinePlan]) -> Plan:
-    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})

@@ -178,7 +178,7 @@ def _built(plan: Plan, members: list[int], cuts: tuple[int, ...]) -> Plan:
     pipes = list(plan.pipelines)
     for i in members:
         pipes[i] = _recut(pipes[i], cuts)
-    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+    return plan.with_pipelines(pipes)
 
 
 def resplit(problem: Problem, plan: Plan, rebalance: bool = True) -> Plan | None:
@@ -206,7 +206,7 @@ def resplit(problem: Problem, plan: Plan, rebalance: bool = True) -> Plan | None
             pipes[i] = pipe.model_copy(update={"stages": stages})
     if pipes == list(plan.pipelines):
         return None
-    trial = plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+    trial = plan.with_pipelines(pipes)
     return shares(problem, trial) if rebalance else trial
 
 

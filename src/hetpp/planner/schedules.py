@@ -343,7 +343,7 @@ def _flips(problem: Problem, spec: ScheduleSpec, pipe: PipelinePlan) -> tuple[bo
 def _with_pipeline(plan: Plan, i: int, pipe: PipelinePlan) -> Plan:
     pipes = list(plan.pipelines)
     pipes[i] = pipe
-    return plan.model_copy(update={"pipelines": tuple(pipes), "grad_blocks": None})
+    return plan.with_pipelines(pipes)
 
 
 def _chunked(
@@ -591,7 +591,7 @@ def _with_counts(problem: Problem, plan: Plan, counts: list[int]) -> Plan:
         p if p.num_micro_batches == m else _with_count(memo, p, m)
         for p, m in zip(plan.pipelines, counts)
     )
-    return plan.model_copy(update={"pipelines": pipes, "grad_blocks": None})
+    return plan.with_pipelines(pipes)
 
 
 def _with_count(memo: dict, pipe: PipelinePlan, m: int) -> PipelinePlan:

@@ -123,9 +123,6 @@ class Attention(nn.Module):
         self.window = c.sliding_window if sliding else None
         self.softcap = c.attn_logit_softcap
 
-    def _rotary(self, seq: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_table(self.config, seq, like.device, like.dtype)
-
     def _apply_rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         r = self.rotary_dim
         rot = x[..., :r] * cos + _rotate_half(x[..., :r]) * sin
@@ -149,7 +146,7 @@ class Attention(nn.Module):
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.rope:
-            cos, sin = self._rotary(s, q)
+            cos, sin = rotary_table(self.config, s, q.device, q.dtype)
             q, k = self._apply_rotary(q, cos, sin), self._apply_rotary(k, cos, sin)
         if self.kv_heads != self.heads:
             # repeat_interleave rather than SDPA's enable_gqa: same result on every torch version.

@@ -258,6 +258,12 @@ class Plan(BaseModel):
         """A copy with `grad_blocks` filled in (and any other field updates)."""
         return self.model_copy(update={"grad_blocks": derive_grad_blocks(self), **updates})
 
+    def with_pipelines(self, pipelines: Sequence[PipelinePlan], **updates: Any) -> Plan:
+        """A copy with other pipelines (and any other field updates), its gradient blocks left
+        to be derived again from them (`blocks`)."""
+        update = {"pipelines": tuple(pipelines), "grad_blocks": None, **updates}
+        return self.model_copy(update=update)
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=1, exclude_none=True)
 
